@@ -1,0 +1,28 @@
+# Targets named in the README. Each one sets up what it needs, so it works on a fresh clone.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-slow bench lint clean
+
+$(BIN)/grooves: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/grooves
+
+setup: $(BIN)/grooves
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

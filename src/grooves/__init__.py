@@ -1,0 +1,8 @@
+"""grooves: train small open-weight agent models with GRPO-family RL on LoRA adapters.
+
+The public surface is small on purpose: an agent talks to a policy through an OpenAI-style
+client, rollouts become `Trajectory` objects grouped per scenario, and `train` turns scored
+groups into a new adapter.
+"""
+
+__version__ = "0.1.0"

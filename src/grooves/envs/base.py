@@ -1,0 +1,219 @@
+"""The environment contract: scenarios, per-rollout episodes, tool steps, grades and limits.
+
+An `Environment` is the task definition and is shared by every concurrent rollout; it holds no
+rollout state. `reset(scenario)` opens an `Episode`, which owns one rollout's state (its own
+SQLite database and clock), so concurrent rollouts never share anything mutable. This follows
+verifiers' split between a stateless environment and a per-rollout state object, but makes the
+state an object with methods so a remote episode (over HTTP) can stand in for a local one.
+
+The contract is synchronous on purpose: local steps are microsecond SQLite calls, and the
+rollout loop runs them in a worker thread so a slow or remote step never blocks other rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Split = Literal["train", "validation"]
+SPLITS: tuple[str, ...] = ("train", "validation")
+
+Scenario = dict[str, Any]
+"""One task instance: at least `id`, `env`, `split` and `prompt`; `expected` holds what the
+grader checks against (the agent sees only the messages `reset` builds from `prompt`)."""
+
+
+class Limits(BaseModel):
+    """How long an episode may run before it is stopped and graded as it stands."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(default=10, ge=1)
+    """Assistant turns (model calls) per episode. More turns let an agent recover from a bad
+    tool call; fewer keep rollouts short and penalise aimless exploration."""
+    latency_budget_s: float | None = Field(default=None, gt=0)
+    """Seconds of tool latency an episode may spend; None means no budget. Once spent, tools
+    answer with an error and the episode is done."""
+    clock: Literal["simulated", "real"] = "simulated"
+    """`simulated`: each tool call costs its declared latency (deterministic, reproducible, the
+    default). `real`: the wall-clock time the tool took (what a production tool would cost)."""
+    max_argument_chars: int = Field(default=8192, ge=16)
+    """Tool-call arguments longer than this are refused before parsing (a huge-input guard)."""
+    max_result_chars: int = Field(default=6000, ge=64)
+    """Tool results are cut to this many characters so one call cannot flood the context."""
+
+
+class Grade(BaseModel):
+    """A score in [0, 1] and the parts it was made from (logged as separate reward signals)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score: float = Field(ge=0.0, le=1.0)
+    parts: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    """Why points were lost, in words (for reading trajectories, never for training)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call as the model emitted it: `arguments` is the raw JSON text, unparsed."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def parse_tool_call(obj: Any) -> ToolCall:
+    """Read an OpenAI-style tool call (a dict or the openai client's pydantic object).
+
+    >>> parse_tool_call({"id": "c1", "type": "function",
+    ...                  "function": {"name": "f", "arguments": '{"x": 1}'}})
+    ToolCall(id='c1', name='f', arguments='{"x": 1}')
+    """
+    if isinstance(obj, ToolCall):
+        return obj
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump()
+    if not isinstance(obj, dict):
+        raise TypeError(f"a tool call must be a dict or an openai ToolCall, got {type(obj).__name__}")
+    fn = obj.get("function") or {}
+    args = fn.get("arguments", "")
+    if not isinstance(args, str):
+        # Some clients hand over parsed arguments; keep one representation (the JSON text).
+        args = json.dumps(args)
+    return ToolCall(id=str(obj.get("id") or ""), name=str(fn.get("name") or ""), arguments=args)
+
+
+def final_answer(messages: list[dict[str, Any]]) -> str:
+    """The agent's final answer: the last assistant message, if it called no tools.
+
+    An episode that ended while the agent was still calling tools has no answer (""), so a
+    grader cannot credit text the agent wrote alongside a tool call.
+    """
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            if m.get("tool_calls"):
+                return ""
+            return str(m.get("content") or "")
+    return ""
+
+
+def tool_calls_made(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(tool name, parsed arguments) for every tool call in the chat, in order."""
+    calls = []
+    for m in messages:
+        for raw in m.get("tool_calls") or []:
+            call = parse_tool_call(raw)
+            try:
+                args = json.loads(call.arguments)
+            except json.JSONDecodeError:
+                args = {}
+            calls.append((call.name, args if isinstance(args, dict) else {}))
+    return calls
+
+
+def as_messages(trajectory: Any) -> list[dict[str, Any]]:
+    """Accept a Trajectory, anything with `.messages`, or a list of message dicts."""
+    if isinstance(trajectory, list):
+        return trajectory
+    messages = getattr(trajectory, "messages", None)
+    if isinstance(messages, list):
+        return messages
+    raise TypeError(f"cannot grade a {type(trajectory).__name__}: pass a Trajectory or a message list")
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One rollout's session: its opening messages, tools and private state."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The opening chat (system + user) for this scenario."""
+        ...
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools in OpenAI `tools` format."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """True once the latency budget is spent: further tool calls only return errors."""
+        ...
+
+    def step(self, tool_call: Any) -> dict[str, Any]:
+        """Run one tool call; always returns a `{"role": "tool", ...}` message, never raises."""
+        ...
+
+    def grade(self, trajectory: Any) -> Grade: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+    def fork(self) -> Episode: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A task: scenarios in splits, episodes opened per rollout, and a grader it can prove."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    def scenarios(self, split: Split) -> list[Scenario]: ...
+
+    def reset(self, scenario: Scenario) -> Episode: ...
+
+    def validate(self) -> ValidationReport: ...
+
+
+class ValidationReport(BaseModel):
+    """The grader's proof: gold solutions score 1.0 and known-bad ones score low."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str
+    scenarios: int
+    gold_scores: list[float]
+    bad_scores: list[float]
+    bad_threshold: float
+    failures: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        worst_gold = min(self.gold_scores, default=float("nan"))
+        worst_bad = max(self.bad_scores, default=float("nan"))
+        verdict = "ok" if self.ok else f"{len(self.failures)} failures"
+        return (
+            f"{self.env}: {self.scenarios} scenarios, min gold {worst_gold:.3f}, "
+            f"max bad {worst_bad:.3f} (threshold {self.bad_threshold}): {verdict}"
+        )
+
+
+@dataclass
+class Counters:
+    """Per-episode tool statistics, reported as trajectory metrics."""
+
+    tool_calls: int = 0
+    tool_errors: int = 0
+    by_error: dict[str, int] = field(default_factory=dict)
+
+    def count(self, error: str | None) -> None:
+        self.tool_calls += 1
+        if error is not None:
+            self.tool_errors += 1
+            self.by_error[error] = self.by_error.get(error, 0) + 1

@@ -1,0 +1,172 @@
+"""Batched sampling with a KV cache, returning every sampled token's id and logprob.
+
+Why not `model.generate`: we need (1) the logprob of each sampled token under the exact
+distribution it was drawn from, (2) one prefill per distinct prompt even when it is sampled n
+times (a GRPO group shares its prompt), and (3) several different requests decoded together.
+
+The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
+its n samples, then decode one token per step for all rows, dropping finished rows from the cache
+so late steps cost only what is still running.
+
+Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
+that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
+ratio compares like with like; with top_p < 1 the sampler draws from a truncated distribution,
+which makes training slightly off-policy, so training runs default to top_p = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (eos or a stop string) | "length"
+
+
+@dataclass
+class _Row:
+    request: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop: list[str]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Generator | None):
+    """One token per row. logits: [R, V] float32. Returns (tokens [R], logprobs [R])."""
+    temps = torch.tensor([max(r.temperature, 1e-5) for r in rows], dtype=logits.dtype)  # [R]
+    greedy = torch.tensor([r.temperature == 0 for r in rows])  # [R]
+    scaled = logits / temps[:, None]  # [R, V]
+    logp = torch.log_softmax(scaled, dim=-1)  # [R, V]
+    probs = logp.exp()
+    top_ps = torch.tensor([r.top_p for r in rows], dtype=logits.dtype)
+    if bool((top_ps < 1).any()):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(dim=-1)
+        drop = (cum - sorted_p) > top_ps[:, None]  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [R]
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
+    greedy_logp = torch.log_softmax(logits, dim=-1)
+    chosen = torch.where(greedy[:, None], greedy_logp, logp).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, chosen
+
+
+@torch.no_grad()
+def sample(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    *,
+    eos_token_ids: set[int],
+    generator: torch.Generator | None = None,
+) -> list[list[Completion]]:
+    """Sample `params[i].n` completions of each prompt; returns one list per prompt."""
+    if len(prompts) != len(params):
+        raise ValueError("prompts and params must have the same length")
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]: left padding must not shift positions
+
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache = out.past_key_values
+    last_logits = out.logits[:, -1, :].float()  # [U, V]
+
+    rows: list[_Row] = []
+    expand: list[int] = []
+    for i, p in enumerate(params):
+        for _ in range(p.n):
+            rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop)))
+            expand.append(i)
+    index = torch.tensor(expand, device=device)
+    cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
+    logits = last_logits[index]  # [R, V]
+    mask = mask[index]  # [R, P]
+    next_pos = positions[index, -1] + 1  # [R]
+    active = list(range(len(rows)))
+
+    step = 0
+    while active:
+        tokens, logps = _sample_rows(logits, [rows[a] for a in active], generator)
+        still: list[int] = []
+        for j, a in enumerate(active):
+            row = rows[a]
+            tok = int(tokens[j])
+            row.tokens.append(tok)
+            row.logprobs.append(float(logps[j]))
+            if tok in eos_token_ids:
+                row.finish = "stop"
+            elif row.stop and _hits_stop(tokenizer, row):
+                row.finish = "stop"
+            elif len(row.tokens) >= row.max_tokens:
+                row.finish = "length"
+            else:
+                still.append(j)
+        step += 1
+        if not still:
+            break
+        keep = torch.tensor(still, device=device)
+        if len(still) < len(active):
+            cache.reorder_cache(keep)
+            mask, next_pos, tokens = mask[keep], next_pos[keep], tokens[keep]
+        active = [active[j] for j in still]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [R', P+step]
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=next_pos[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+
+    results: list[list[Completion]] = [[] for _ in prompts]
+    for row in rows:
+        results[row.request].append(_finish(tokenizer, row, eos_token_ids))
+    return results
+
+
+def _hits_stop(tokenizer, row: _Row) -> bool:
+    tail = tokenizer.decode(row.tokens[-16:], skip_special_tokens=False)
+    return any(s in tail for s in row.stop)
+
+
+def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
+    body = row.tokens[:-1] if row.tokens and row.tokens[-1] in eos_token_ids else row.tokens
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    for s in row.stop:
+        cut = text.find(s)
+        if cut >= 0:
+            text = text[:cut]
+    return Completion(token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length")

@@ -1,0 +1,175 @@
+"""How tools and tool calls look in a model family's prompt, and how to parse them back.
+
+OpenAI requests carry `tools` as JSON schemas and assistant `tool_calls` as structured objects; a
+small model only sees text. A `ToolFormat` turns the structured request into the messages the
+model's own chat template renders, and turns sampled text back into OpenAI `tool_calls`.
+
+SmolLM2 (the embedded default) was tuned on function calling with this convention, which
+`SmolLM2ToolFormat` implements:
+
+- the tool list goes into the system message, as JSON between `<tools>` and `</tools>`, after an
+  instruction to answer with calls in the format below;
+- the model calls tools with `<tool_call>[{"name": "fn", "arguments": {...}}]</tool_call>`
+  (a JSON list, or a single object, which we also accept);
+- tool results come back as messages with role `tool`, rendered by the chat template as any
+  other role (`<|im_start|>tool ... <|im_end|>`).
+
+Families with native tool support in their chat template (Qwen2.5, Llama 3.1) use
+`TemplateToolFormat`, which passes `tools` to `apply_chat_template` and parses Hermes-style
+`<tool_call>{...}</tool_call>` blocks. Pick one per model with `tool_format_for`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+SMOLLM2_TOOL_PROMPT = (
+    "You are an expert in composing functions. You are given a question and a set of possible "
+    "functions. Based on the question, you will need to make one or more function/tool calls to "
+    "achieve the purpose. If none of the functions can be used, answer in plain text.\n\n"
+    "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+    "To call tools, the output MUST strictly adhere to the following format, and NO other text "
+    'MUST be included:\n<tool_call>[{{"name": "func_name1", "arguments": {{"argument1": "value1"}}}}]'
+    "</tool_call>"
+)
+
+
+@dataclass
+class ParsedOutput:
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+class ToolFormat(Protocol):
+    def template_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """Messages (and tools) to hand to the chat template."""
+        ...
+
+    def parse(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput: ...
+
+
+def _call_text(tool_calls: list[dict[str, Any]]) -> str:
+    calls = []
+    for call in tool_calls:
+        fn = call.get("function", call)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        calls.append({"name": fn.get("name"), "arguments": args})
+    return "<tool_call>" + json.dumps(calls) + "</tool_call>"
+
+
+def _new_call(name: str, arguments: Any) -> dict[str, Any]:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
+    """Extract `<tool_call>` blocks whose JSON names a declared tool.
+
+    A block that is not valid JSON, or names an undeclared tool, stays in the content as text: the
+    agent (and the reward) sees what the model wrote instead of a silently dropped call.
+    """
+    if not tools or "<tool_call>" not in text:
+        return ParsedOutput(content=text, tool_calls=[])
+    names = {t.get("function", t).get("name") for t in tools}
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for m in TOOL_CALL_RE.finditer(text):
+        try:
+            payload = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        items = payload if isinstance(payload, list) else [payload]
+        if not items or not all(isinstance(i, dict) and i.get("name") in names for i in items):
+            continue
+        kept.append(text[last : m.start()])
+        last = m.end()
+        calls.extend(_new_call(i["name"], i.get("arguments", {})) for i in items)
+    kept.append(text[last:])
+    content = "".join(kept).strip()
+    return ParsedOutput(content=content or None, tool_calls=calls)
+
+
+def _plain_content(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content
+
+
+class SmolLM2ToolFormat:
+    """Tools in the system prompt, calls as `<tool_call>[...]</tool_call>` (see module docstring)."""
+
+    def template_messages(self, messages, tools):
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            content = _plain_content(m)
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                content = (content + "\n" if content else "") + _call_text(m["tool_calls"])
+            out.append({"role": m["role"], "content": content})
+        if tools:
+            prompt = SMOLLM2_TOOL_PROMPT.format(tools=json.dumps([t.get("function", t) for t in tools]))
+            if out and out[0]["role"] == "system":
+                out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
+            else:
+                out.insert(0, {"role": "system", "content": prompt})
+        return out, None
+
+    def parse(self, text, tools):
+        return parse_tool_calls(text, tools)
+
+
+class TemplateToolFormat:
+    """For chat templates that render `tools` and `tool_calls` themselves (Hermes-style output)."""
+
+    def template_messages(self, messages, tools):
+        out = []
+        for m in messages:
+            m = dict(m)
+            if m.get("tool_calls"):
+                m["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": _maybe_json(c["function"]["arguments"])}}
+                    for c in m["tool_calls"]
+                ]
+            out.append(m)
+        return out, tools
+
+    def parse(self, text, tools):
+        return parse_tool_calls(text, tools)
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+TOOL_FORMATS: dict[str, type] = {"smollm2": SmolLM2ToolFormat, "template": TemplateToolFormat}
+
+
+def tool_format_for(name: str | None, chat_template: str | None) -> ToolFormat:
+    """`name` from config wins; otherwise templates that mention `tools` render them natively."""
+    if name is not None:
+        if name not in TOOL_FORMATS:
+            raise ValueError(f"tool_format {name!r} is unknown; choose one of {sorted(TOOL_FORMATS)}")
+        return TOOL_FORMATS[name]()
+    if chat_template and "tools" in chat_template:
+        return TemplateToolFormat()
+    return SmolLM2ToolFormat()

@@ -1,0 +1,189 @@
+"""The transformers + peft policy: one model that both samples and trains.
+
+On one machine the sampler and the trainer share the same `PeftModel` object, so a training
+step's new adapter weights are live for the next request without copying anything ("hot-swap"
+is a version bump). A lock keeps a sampling batch and an optimizer step from touching the
+weights at the same time.
+
+Prompts are rendered with the model's own chat template (tools via the family's `ToolFormat`).
+For multi-turn agents, each completion we return is remembered with the exact token ids of its
+prompt and its sample; when a later request continues that conversation, its prompt is built
+from those ids plus the newly rendered suffix. The prompt then extends the earlier one token for
+token, so the trainer can score the whole conversation as one sequence and never trains on a
+re-tokenization that differs from what was sampled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grooves.models import resolve_model
+from grooves.policy.sampling import Completion, SamplingParams, sample
+from grooves.policy.tool_format import ToolFormat, tool_format_for
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter shape. rank 1 works; alpha/rank sets the update scale."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class ContextOverflow(ValueError):
+    """The prompt plus max_tokens does not fit in the model's context."""
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class TransformersPolicy:
+    """Sampling (and, with `lora`, training) on a Hugging Face causal LM."""
+
+    def __init__(
+        self,
+        base_model: str,
+        *,
+        lora: LoraSettings | None = None,
+        adapter_path: str | Path | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        tool_format: str | None = None,
+        max_context: int | None = None,
+        seed: int = 0,
+        served_name: str | None = None,
+        attn_implementation: str = "sdpa",
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model(base_model)
+        self.base_model = base_model
+        self.served_name = served_name or base_model
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+        ).to(device)
+        model.eval()
+        if adapter_path is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
+        elif lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.rank,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        self.model = model
+        self.device = device
+        self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
+        self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
+        self.eos_token_ids = self._eos_ids()
+        self.lock = threading.RLock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.adapter_version = 0
+        self._records: OrderedDict[str, tuple[list[int], list[int], str]] = OrderedDict()
+        self._max_records = 20_000
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen = getattr(self.model, "generation_config", None)
+        extra = getattr(gen, "eos_token_id", None)
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, list):
+            ids.update(extra)
+        return {i for i in ids if i is not None}
+
+    # ---- prompts -------------------------------------------------------------------------
+    def _template_text(self, messages, tools, add_generation_prompt: bool) -> str:
+        msgs, native_tools = self.tool_format.template_messages(messages, tools)
+        return self.tokenizer.apply_chat_template(
+            msgs, tools=native_tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Token ids of the prompt, reusing the exact ids of earlier turns we sampled."""
+        full = self._template_text(messages, tools, add_generation_prompt=True)
+        for k in range(len(messages) - 1, -1, -1):
+            if messages[k].get("role") != "assistant":
+                continue
+            record = self._records.get(self._record_key(messages[: k + 1], tools))
+            if record is None:
+                continue
+            prompt_ids, completion_ids, _ = record
+            upto = self._template_text(messages[: k + 1], tools, add_generation_prompt=False)
+            if full.startswith(upto) and completion_ids and completion_ids[-1] in self.eos_token_ids:
+                return prompt_ids + completion_ids + self._encode(full[len(upto) :])
+            break
+        return self._encode(full)
+
+    @staticmethod
+    def _normal_message(m: dict[str, Any]) -> dict[str, Any]:
+        calls = [
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls") or []
+        ]
+        return {"role": m.get("role"), "content": m.get("content") or "", "tool_calls": calls}
+
+    def _record_key(self, messages, tools) -> str:
+        context = [self._normal_message(m) if m.get("role") == "assistant" else m for m in messages]
+        return _key({"messages": context, "tools": tools})
+
+    def remember(self, messages, tools, assistant_message, prompt_ids, completion: Completion) -> None:
+        """Keep the token ids behind an assistant message we return, for later turns."""
+        key = self._record_key([*messages, assistant_message], tools)
+        self._records[key] = (prompt_ids, completion.token_ids, completion.text)
+        self._records.move_to_end(key)
+        while len(self._records) > self._max_records:
+            self._records.popitem(last=False)
+
+    # ---- sampling --------------------------------------------------------------------------
+    def check_fits(self, prompt_ids: list[int], max_tokens: int) -> None:
+        if len(prompt_ids) + max_tokens > self.max_context:
+            raise ContextOverflow(
+                f"prompt has {len(prompt_ids)} tokens and max_tokens is {max_tokens}: "
+                f"together {len(prompt_ids) + max_tokens} > the model's context of {self.max_context}; "
+                "shorten the messages or lower max_tokens"
+            )
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[Completion]]:
+        """Sample completions for several prompts in one batch (blocking)."""
+        with self.lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                seeded = [p.seed for p in params if p.seed is not None]
+                gen = torch.Generator().manual_seed(seeded[0]) if seeded else self.generator
+                return sample(self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids, generator=gen)
+            finally:
+                if was_training:
+                    self.model.train()
+
+    def parse(self, text: str, tools):
+        return self.tool_format.parse(text, tools)
+
+    def bump_version(self) -> int:
+        """Called by the trainer after each optimizer step: the adapter now live is this version."""
+        self.adapter_version += 1
+        return self.adapter_version

@@ -210,6 +210,8 @@ def compute_loss(
     `mismatch_k1_mean` / `mismatch_k3_mean` (k1 / k3 estimates of KL(sampler || trainer) from
     lp_old vs lp; near zero when sampler and trainer agree), `mismatch_abs_max`
     (max |lp - lp_old|), `policy_loss` and `kl_loss` (the aggregated parts), `num_tokens`.
+    The mismatch stats measure sampler against trainer on a batch's first optimizer step;
+    on later steps of the same batch they also include the policy's own change.
     """
     if policy_loss not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
@@ -221,17 +223,8 @@ def compute_loss(
         num_sequences=num_sequences, num_tokens=num_tokens,
     )
     total = policy_part
-    with torch.no_grad():
-        diff = log_ratio(lp, lp_old, mask)  # [B, T]
-        stats = {
-            "clip_fraction": _masked_mean(out.clipped.float(), mask),
-            "ratio_mean": _masked_mean(torch.exp(diff), mask),
-            "mismatch_k1_mean": _masked_mean(-diff, mask),
-            "mismatch_k3_mean": _masked_mean(kl_penalty(lp_old, lp, "k3"), mask),
-            "mismatch_abs_max": float(diff.abs().max()) if diff.numel() else 0.0,
-            "policy_loss": float(policy_part),
-            "num_tokens": float(mask.sum()),
-        }
+    stats = _ratio_stats(lp.detach(), lp_old, mask, out.clipped)
+    stats["policy_loss"] = float(policy_part.detach())
     if lp_ref is not None:
         kl = kl_penalty(lp, lp_ref, kl_kind)  # [B, T]
         stats["kl_mean"] = _masked_mean(kl.detach(), mask)
@@ -241,8 +234,23 @@ def compute_loss(
                 num_sequences=num_sequences, num_tokens=num_tokens,
             )
             total = total + beta * kl_part
-            stats["kl_loss"] = float(kl_part)
+            stats["kl_loss"] = float(kl_part.detach())
     return total, stats
+
+
+def _ratio_stats(
+    lp: torch.Tensor, lp_old: torch.Tensor, mask: torch.Tensor, clipped: torch.Tensor
+) -> dict[str, float]:
+    """Clip fraction, mean ratio and sampler/trainer mismatch over the sampled tokens."""
+    diff = log_ratio(lp, lp_old, mask)  # [B, T], log(trainer / sampler)
+    return {
+        "clip_fraction": _masked_mean(clipped.float(), mask),
+        "ratio_mean": _masked_mean(torch.exp(diff), mask),
+        "mismatch_k1_mean": _masked_mean(-diff, mask),
+        "mismatch_k3_mean": _masked_mean(torch.exp(diff) - diff - 1.0, mask),
+        "mismatch_abs_max": float(diff.abs().max()) if diff.numel() else 0.0,
+        "num_tokens": float(mask.sum()),
+    }
 
 
 def _sequence_counts(mask: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:

@@ -46,14 +46,41 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier tool call, as the client sends it back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v):
+        # checked by hand so the error names `content`, not one member of the union
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list) and all(isinstance(p, dict) for p in v):
+            return v
+        raise ValueError("content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null")
 
 
 class ChatRequest(BaseModel):
@@ -96,7 +123,7 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
             raise APIError(
                 400, f"{where}.function.parameters is not a valid JSON schema: {exc.message}", param=f"{where}.function.parameters"
             ) from exc
-        if params.get("type", "object") != "object":
+        if not isinstance(params, dict) or params.get("type", "object") != "object":  # `true` is a valid schema too
             raise APIError(400, f"{where}.function.parameters must be an object schema", param=f"{where}.function.parameters")
 
 
@@ -125,6 +152,8 @@ def create_app(policy, *, max_n: int = 64, max_batch_rows: int = 64) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError):
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        if first.get("type") == "json_invalid":  # the loc of a JSON error is a character offset
+            loc, first = "", {"msg": f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"}
         message = f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
         body = {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}}
         return JSONResponse(status_code=400, content=body)

@@ -175,6 +175,7 @@ async def gather(
     max_failure_fraction: float = 0.5,
     progress: bool = True,
     description: str = "rollouts",
+    seed_key: tuple[int, ...] = (),
 ) -> list[TrajectoryGroup]:
     """Run `group_size` rollouts of each scenario, at most `concurrency` at a time.
 
@@ -182,7 +183,11 @@ async def gather(
     reward 0; it is kept for the logs and skipped by training. If more than
     `max_failure_fraction` of all rollouts fail, `TooManyFailures` is raised: a run whose agent
     code is broken should stop, not train on the survivors.
+
+    If `client` is a `ModelHandle`, rollout k of group g gets `client.for_rollout(*seed_key, g, k)`,
+    so its sampling seeds depend on its place in the step, not on scheduling order.
     """
+    from grooves.policy.handle import ModelHandle
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     sem = asyncio.Semaphore(concurrency)
@@ -191,11 +196,12 @@ async def gather(
     bar = _progress_bar(total, description) if progress else None
     done_rewards: list[float] = []
 
-    async def one(gi: int) -> Trajectory:
+    async def one(gi: int, k: int) -> Trajectory:
+        model = client.for_rollout(*seed_key, gi, k) if isinstance(client, ModelHandle) else client
         async with sem:
             t0 = time.perf_counter()
             try:
-                traj = await rollout(client, groups[gi].scenario)
+                traj = await rollout(model, groups[gi].scenario)
                 if not isinstance(traj, Trajectory):
                     raise TypeError(f"rollout must return a Trajectory, got {type(traj).__name__}")
             except Exception as exc:  # a bad rollout is data, not a crash
@@ -211,7 +217,7 @@ async def gather(
             return traj
 
     try:
-        tasks = [(gi, asyncio.create_task(one(gi))) for gi in range(len(groups)) for _ in range(group_size)]
+        tasks = [(gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)]
         for gi, task in tasks:
             groups[gi].trajectories.append(await task)
     finally:

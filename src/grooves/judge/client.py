@@ -77,12 +77,12 @@ class JudgeConfig(BaseModel):
     cache_path: Path | None = Field(default_factory=_default_cache_path)
     """SQLite cache file (default $GROOVES_HOME/judge-cache.sqlite); None turns caching off."""
 
-    def resolved(self) -> JudgeConfig:
+    def resolved(self, *, need_base_url: bool = True) -> JudgeConfig:
         """A copy with base_url / api_key / model filled from the environment; errors say how to set them."""
         base_url = self.base_url or os.environ.get(ENV_BASE_URL)
         model = self.model or os.environ.get(ENV_MODEL)
         api_key = self.api_key or os.environ.get(ENV_API_KEY) or "none"
-        if not base_url:
+        if not base_url and need_base_url:
             raise JudgeError(f"judge base_url is not set: pass --base-url, set judge.base_url, or export {ENV_BASE_URL}")
         if not model:
             raise JudgeError(f"judge model is not set: pass --model, set judge.model, or export {ENV_MODEL}")
@@ -137,17 +137,29 @@ Sleep = Callable[[float], Awaitable[Any]]
 
 
 class JudgeClient:
-    """Chat completions against one judge endpoint, with retries, a limit, a cache and usage counts."""
+    """Chat completions against one judge endpoint, with retries, a limit, a cache and usage counts.
 
-    def __init__(self, config: JudgeConfig, *, sleep: Sleep = asyncio.sleep, seed: int = 0) -> None:
-        self.config = config.resolved()
+    `openai_client` lets an existing `AsyncOpenAI` carry the requests, e.g. `grooves.server`'s
+    `inprocess_client(policy)` for a judge served in this process; the code path is the same.
+    Use one client inside one event loop (its semaphore and HTTP pool belong to that loop).
+    """
+
+    def __init__(
+        self,
+        config: JudgeConfig,
+        *,
+        openai_client: openai.AsyncOpenAI | None = None,
+        sleep: Sleep = asyncio.sleep,
+        seed: int = 0,
+    ) -> None:
+        self.config = config.resolved(need_base_url=openai_client is None)
         self.model: str = self.config.model or ""
-        self._openai = openai.AsyncOpenAI(
-            base_url=self.config.base_url,
-            api_key=self.config.api_key,
-            timeout=self.config.timeout_s,
-            max_retries=0,  # one retry policy, ours
-        )
+        self._owns_http = openai_client is None
+        if openai_client is None:
+            openai_client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self.config.api_key)
+        # one retry policy, ours; one timeout, the config's
+        self._openai = openai_client.with_options(timeout=self.config.timeout_s, max_retries=0)
+        self.endpoint = str(self._openai.base_url)
         self._sem = asyncio.Semaphore(self.config.concurrency)
         self._sleep = sleep
         self._rng = random.Random(seed)
@@ -206,18 +218,18 @@ class JudgeClient:
                     response = await self._openai.chat.completions.create(**request)
             except openai.OpenAIError as exc:
                 if not _is_transient(exc):
-                    raise JudgeError(f"judge request to {self.config.base_url} failed: {exc}") from exc
+                    raise JudgeError(f"judge request to {self.endpoint} failed: {exc}") from exc
                 last = exc
                 continue
             return self._completion(response)
         raise JudgeError(
-            f"judge request to {self.config.base_url} failed after {self.config.max_retries + 1} attempts: "
+            f"judge request to {self.endpoint} failed after {self.config.max_retries + 1} attempts: "
             f"{type(last).__name__}: {last}"
         ) from last
 
     def _completion(self, response: Any) -> Completion:
         if not response.choices:
-            raise JudgeError(f"judge endpoint {self.config.base_url} returned no choices")
+            raise JudgeError(f"judge endpoint {self.endpoint} returned no choices")
         usage = response.usage
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion = int(getattr(usage, "completion_tokens", 0) or 0)
@@ -225,6 +237,8 @@ class JudgeClient:
         return Completion(response.choices[0].message.content or "", prompt, completion)
 
     async def aclose(self) -> None:
-        await self._openai.close()
+        """Close the cache, and the HTTP client unless it was handed in (its owner closes it)."""
+        if self._owns_http:
+            await self._openai.close()
         if self.cache is not None:
             self.cache.close()

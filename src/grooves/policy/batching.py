@@ -59,20 +59,14 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             jobs = self._take_batch()
-            # a seeded request is sampled alone so its result depends only on its seed
-            groups = [[j] for j in jobs if j.params.seed is not None]
-            unseeded = [j for j in jobs if j.params.seed is None]
-            if unseeded:
-                groups.append(unseeded)
-            for group in groups:
-                try:
-                    results = self.policy.generate([j.prompt for j in group], [j.params for j in group])
-                except Exception as exc:  # delivered to the waiting request, which turns it into an HTTP error
-                    for j in group:
-                        j.loop.call_soon_threadsafe(_set_exception, j.future, exc)
-                    continue
-                for j, res in zip(group, results, strict=True):
-                    j.loop.call_soon_threadsafe(_set_result, j.future, res)
+            try:
+                results = self.policy.generate([j.prompt for j in jobs], [j.params for j in jobs])
+            except Exception as exc:  # delivered to the waiting request, which turns it into an HTTP error
+                for j in jobs:
+                    j.loop.call_soon_threadsafe(_set_exception, j.future, exc)
+                continue
+            for j, res in zip(jobs, results, strict=True):
+                j.loop.call_soon_threadsafe(_set_result, j.future, res)
 
 
 def _set_result(future: asyncio.Future, value) -> None:

@@ -46,6 +46,7 @@ class _Row:
     top_p: float
     max_tokens: int
     stop: list[str]
+    generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -66,6 +67,9 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [R]
+    for j, r in enumerate(rows):
+        if r.generator is not None:  # seeded request: its draws don't depend on its batch-mates
+            sampled[j] = torch.multinomial(probs[j], 1, generator=r.generator)[0]
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
     greedy_logp = torch.log_softmax(logits, dim=-1)
@@ -104,8 +108,9 @@ def sample(
     rows: list[_Row] = []
     expand: list[int] = []
     for i, p in enumerate(params):
-        for _ in range(p.n):
-            rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop)))
+        for k in range(p.n):
+            g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
+            rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g))
             expand.append(i)
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples

@@ -135,7 +135,12 @@ class TransformersPolicy:
             prompt_ids, completion_ids, _ = record
             upto = self._template_text(messages[: k + 1], tools, add_generation_prompt=False)
             if full.startswith(upto) and completion_ids and completion_ids[-1] in self.eos_token_ids:
-                return prompt_ids + completion_ids + self._encode(full[len(upto) :])
+                # the template may write text after the end-of-turn token (SmolLM2: "\n"); the
+                # sampled ids stop at that token, so the suffix starts right after it, not after `upto`
+                eos_text = self.tokenizer.decode(completion_ids[-1:], skip_special_tokens=False)
+                end = upto.rfind(eos_text)
+                if end >= 0:
+                    return prompt_ids + completion_ids + self._encode(full[end + len(eos_text) :])
             break
         return self._encode(full)
 
@@ -173,9 +178,9 @@ class TransformersPolicy:
             was_training = self.model.training
             self.model.eval()
             try:
-                seeded = [p.seed for p in params if p.seed is not None]
-                gen = torch.Generator().manual_seed(seeded[0]) if seeded else self.generator
-                return sample(self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids, generator=gen)
+                return sample(
+                    self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids, generator=self.generator
+                )
             finally:
                 if was_training:
                     self.model.train()

@@ -1,0 +1,185 @@
+"""The run file: one TOML file describes a training run, read into typed, validated models.
+
+Every field has a docstring saying what it trades off. Unknown fields, wrong types and impossible
+values fail at load time with one line naming the field, the value and what is allowed; the
+trainer only ever reads the resolved config, which is written to the run directory and saved with
+every checkpoint.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    base_model: str = "smollm2-135m"
+    """`smollm2-135m` (the embedded default, provisioned offline), a local directory, or a hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """float32 on CPU (bf16 matmuls are slow there and logprob mismatch grows); bf16 on GPUs."""
+    device: str = "cpu"
+    tool_format: str | None = None
+    """How tools appear in the prompt: `smollm2`, `template`, or unset to pick from the chat template."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
+
+
+class LoraConfig(_Section):
+    rank: int = Field(8, ge=1)
+    """Adapter rank. RL moves few directions: ranks 1-16 train as well as full rank for small tasks."""
+    alpha: float = Field(16.0, gt=0)
+    """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Linear layers that get adapters: attention and MLP (all) learn faster than attention only."""
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=2)
+    """Rollouts per scenario. Advantages are relative to the group: 1 gives no signal."""
+    groups_per_step: int = Field(4, ge=1)
+    """Scenarios per optimizer step. More = less noisy gradient, slower steps."""
+    concurrency: int = Field(64, ge=1)
+    """Rollouts in flight at once (requests are batched together by the sampler)."""
+    temperature: float = Field(1.0, ge=0, le=2)
+    """Sampling temperature. Below ~0.7 groups lose diversity and more of them have zero variance."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling. Below 1 the sampler and trainer distributions differ (off-policy bias)."""
+    max_tokens: int = Field(64, ge=1)
+    """Per-turn completion budget; also the constant normalizer of Dr. GRPO aggregation."""
+    max_failure_fraction: float = Field(0.5, ge=0, le=1)
+    """Stop the run if more than this fraction of a step's rollouts raise."""
+
+
+class AlgorithmConfig(_Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """grpo: (r - mean)/std; dr_grpo: r - mean (no std, no length bias); rloo: leave-one-out baseline."""
+    scale_by_std: bool = True
+    """GRPO only. Dividing by std up-weights near-unanimous groups (a known difficulty bias)."""
+    std_floor: float = Field(1e-3, gt=0)
+    """Floor on the group std, so fractional rewards with float-residue variance can't explode."""
+    loss: Literal["ppo", "cispo", "gspo"] = "ppo"
+    """ppo: token ratio clipping (DAPO with eps_high > eps_low); cispo: clipped IS weight, every token
+    keeps its gradient; gspo: one sequence-level ratio (geometric mean of token ratios)."""
+    eps_low: float = Field(0.2, gt=0, lt=1)
+    eps_high: float = Field(0.28, gt=0)
+    """Clip range [1 - eps_low, 1 + eps_high]. DAPO's clip-higher (0.28 > 0.2) keeps exploration.
+    For gspo use ~3e-4 / 4e-4."""
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    """token_mean (DAPO): every token weighs the same. sequence_mean (GRPO): per-sequence means,
+    biased toward long wrong answers (see Dr. GRPO). constant (Dr. GRPO): sum / (N x max_tokens)."""
+    kl_beta: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the base model (adapter disabled). 0 skips the extra forward."""
+    kl_kind: Literal["k1", "k3"] = "k3"
+    """k3 = exp(d) - d - 1 is non-negative and low-variance (Schulman's estimator note)."""
+
+
+class OptimConfig(_Section):
+    lr: float = Field(5e-5, gt=0)
+    """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6."""
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global grad norm. RL gradients spike when a group's advantages are large."""
+    micro_batch_tokens: int = Field(4096, ge=16)
+    """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    packing: bool = True
+    """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
+
+
+class ValidationConfig(_Section):
+    every: int = Field(10, ge=0)
+    """Validate every K steps (0 = only before the first and after the last step)."""
+    scenarios: int = Field(32, ge=1)
+    """Held-out scenarios scored per validation (one rollout each)."""
+    temperature: float = Field(0.7, ge=0, le=2)
+
+
+class LoggingConfig(_Section):
+    samples_every: int = Field(1, ge=1)
+    """Write all trajectories of every K-th step to samples/."""
+    checkpoint_every: int = Field(1, ge=1)
+    """Checkpoint every K steps; resume loses at most K-1 steps."""
+    keep_checkpoints: int = Field(3, ge=1)
+    progress: bool = True
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    output_dir: str = "runs/run"
+    """Run folder: config, metrics.jsonl, reward curve, samples, checkpoints, report."""
+    seed: int = 0
+    steps: int = Field(20, ge=1)
+    task: str = "capitals"
+    """A built-in task name, or `package.module:object` for your own Task."""
+    task_options: dict[str, str | int | float | bool] = {}
+    """Passed to the task's constructor (e.g. a data file)."""
+    model: ModelConfig = ModelConfig()
+    lora: LoraConfig = LoraConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    validation: ValidationConfig = ValidationConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.algorithm.loss != "gspo" and self.algorithm.eps_high < self.algorithm.eps_low / 2:
+            raise ValueError("algorithm.eps_high is far below eps_low; clip-higher wants eps_high >= eps_low")
+        return self
+
+
+class ConfigError(ValueError):
+    """A run file that cannot be used; the message is one line per problem, naming the field."""
+
+
+def _format(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(run)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{field}: unknown field; check its spelling and section")
+        else:
+            lines.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
+    """Read a run file; `overrides` (nested dict) win over the file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such run file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        _set_nested(data, key.split("."), value)
+    return parse_config(data)
+
+
+def _set_nested(data: dict, keys: list[str], value) -> None:
+    for k in keys[:-1]:
+        data = data.setdefault(k, {})
+    data[keys[-1]] = value
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as TOML (all fields, defaults included)."""
+    import tomli_w
+
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,188 @@
+"""Batch scoring for the calibration loop: items in, one score record per item out.
+
+Items come from a JSONL file of `{id, input, output}` objects, or from a run's trajectories
+(JSONL of `TrajectoryGroup`s, one per line, or of single `Trajectory`s). Every record carries the
+rubric's name, version and hash and the judge model, so score files made with different rubric
+versions can be compared and never confused. A judgment that fails for good becomes a record with
+`error` set and no score: it is reported, not fatal.
+
+In group mode the items of one group are judged side by side: a run's groups as they were
+sampled, and for `{id, input, output}` files the items that share the same input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grooves.judge.absolute import AbsoluteJudge
+from grooves.judge.client import JudgeClient
+from grooves.judge.errors import JudgeError
+from grooves.judge.group import GroupJudge
+from grooves.judge.prompt import conversation_pair
+from grooves.judge.rubric import Rubric
+from grooves.judge.score import JudgeMode, Score
+from grooves.trajectory import Trajectory, TrajectoryGroup
+
+
+class Item(BaseModel):
+    """One output to score. `messages` (from a run) takes precedence over input/output text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    input: str = ""
+    output: str = ""
+    group: str | None = None
+    messages: list[dict[str, Any]] | None = None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        if self.messages is not None:
+            return self.messages
+        return [{"role": "user", "content": self.input}, {"role": "assistant", "content": self.output}]
+
+
+class ScoreRecord(BaseModel):
+    """One line of a scores JSONL file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    input: str
+    output: str
+    score: float | None
+    """Weighted total in [0, 1]; None when judging failed (see `error`)."""
+    criteria: dict[str, float] = Field(default_factory=dict)
+    reason: str = ""
+    error: str | None = None
+    rubric: str
+    rubric_version: str
+    rubric_hash: str
+    judge_model: str
+    mode: JudgeMode
+    group: str | None = None
+    position_bias: float | None = None
+
+
+def _from_trajectory(traj: Trajectory, item_id: str, group: str | None) -> Item:
+    text_in, text_out = conversation_pair(traj.messages)
+    return Item(id=item_id, input=text_in, output=text_out, group=group, messages=traj.messages)
+
+
+def _items_from_line(data: dict[str, Any], lineno: int, path: Path) -> list[Item]:
+    try:
+        if "trajectories" in data:
+            group = TrajectoryGroup.model_validate(data)
+            gid = str(group.scenario.get("id", f"g{lineno}"))
+            return [_from_trajectory(t, str(t.metadata.get("id", f"{gid}-{k}")), gid)
+                    for k, t in enumerate(group.trajectories) if t.error is None]
+        if "messages" in data:
+            traj = Trajectory.model_validate(data)
+            return [] if traj.error else [_from_trajectory(traj, str(traj.metadata.get("id", lineno)), None)]
+        data.setdefault("id", str(lineno))
+        data["id"] = str(data["id"])
+        return [Item.model_validate(data)]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{path}:{lineno}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
+
+
+def read_items(path: str | Path) -> list[Item]:
+    """Read items from `{id, input, output}` lines, trajectory-group lines, or trajectory lines."""
+    path = Path(path)
+    items: list[Item] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(data).__name__}")
+            items.extend(_items_from_line(data, lineno, path))
+    ids = [i.id for i in items]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"{path}: item ids must be unique; repeated: {', '.join(dupes[:5])}")
+    return items
+
+
+def _record(item: Item, score: Score | None, rubric: Rubric, model: str, mode: JudgeMode, error: str | None) -> ScoreRecord:
+    return ScoreRecord(
+        id=item.id, input=item.input, output=item.output,
+        score=None if score is None else score.total,
+        criteria={} if score is None else score.criteria,
+        reason="" if score is None else score.reason,
+        error=error, rubric=rubric.name, rubric_version=rubric.version, rubric_hash=rubric.content_hash,
+        judge_model=model, mode=mode, group=item.group,
+        position_bias=None if score is None else score.position_bias,
+    )
+
+
+def _groups(items: Sequence[Item]) -> list[list[Item]]:
+    by_key: dict[str, list[Item]] = {}
+    for item in items:
+        by_key.setdefault(item.group if item.group is not None else f"input:{item.input}", []).append(item)
+    return list(by_key.values())
+
+
+async def score_items(
+    client: JudgeClient,
+    rubric: Rubric,
+    items: Sequence[Item],
+    *,
+    mode: JudgeMode = "absolute",
+    judge_twice: bool = False,
+    seed: int = 0,
+) -> list[ScoreRecord]:
+    """Score every item; records come back in item order."""
+    model = client.model
+    if mode == "absolute":
+        judge = AbsoluteJudge(client, rubric)
+
+        async def one(item: Item) -> ScoreRecord:
+            try:
+                return _record(item, await judge.judge_conversation(item.conversation()), rubric, model, mode, None)
+            except JudgeError as exc:
+                return _record(item, None, rubric, model, mode, str(exc))
+
+        return list(await asyncio.gather(*(one(i) for i in items)))
+    group_judge = GroupJudge(client, rubric, seed=seed, judge_twice=judge_twice)
+
+    async def group(members: list[Item]) -> list[ScoreRecord]:
+        try:
+            judgment = await group_judge.judge_conversations([m.conversation() for m in members])
+        except JudgeError as exc:
+            return [_record(m, None, rubric, model, mode, str(exc)) for m in members]
+        return [_record(m, s, rubric, model, mode, None) for m, s in zip(members, judgment.scores, strict=True)]
+
+    by_id = {r.id: r for rs in await asyncio.gather(*(group(g) for g in _groups(items))) for r in rs}
+    return [by_id[i.id] for i in items]
+
+
+def read_records(path: str | Path) -> list[ScoreRecord]:
+    """Read a scores JSONL file written by `grooves judge score`."""
+    path = Path(path)
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    out.append(ScoreRecord.model_validate_json(line))
+                except ValidationError as exc:
+                    raise ValueError(f"{path}:{lineno}: not a score record: {exc.errors()[0]['msg']}") from exc
+    return out
+
+
+def write_records(path: str | Path, records: Sequence[BaseModel]) -> None:
+    """Write records as JSONL, replacing the file (a scores file is one batch, one rubric)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(r.model_dump_json() + "\n" for r in records), encoding="utf-8")

@@ -1,0 +1,84 @@
+"""The run folder a person reads: metrics JSONL, reward curve PNG, samples.
+
+Layout (documented in the README):
+
+    config.toml            resolved config of the run
+    metrics.jsonl          one JSON object per step (see `grooves.trainer` for the keys)
+    reward_curve.png       train reward (mean, with the std band) and validation success per step
+    samples/step_NNNNNN.jsonl   every TrajectoryGroup of that step, one per line
+    checkpoints/step_NNNNNN/    adapter, optimizer, RNG states, data position
+    findings.jsonl         reward-hacking watch findings (when the watch is on)
+    report.html            `grooves report RUN_DIR`
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grooves.trajectory import TrajectoryGroup
+
+
+class RunLog:
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "samples").mkdir(exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop metric rows of steps after the checkpoint, so no step appears twice."""
+        rows = self.rows()
+        kept = [r for r in rows if r.get("step", 0) <= step]
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def log(self, row: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+    def samples(self, step: int, groups: Sequence[TrajectoryGroup], name: str = "step") -> Path:
+        path = self.dir / "samples" / f"{name}_{step:06d}.jsonl"
+        with path.open("w") as f:
+            for g in groups:
+                f.write(g.model_dump_json() + "\n")
+        return path
+
+    def plot(self) -> Path:
+        """Redraw reward_curve.png from metrics.jsonl."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.rows()
+        train = [r for r in rows if r.get("reward_mean") is not None]
+        val = [r for r in rows if r.get("val/success_rate") is not None]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if train:
+            steps = [r["step"] for r in train]
+            mean = [r["reward_mean"] for r in train]
+            std = [r.get("reward_std") or 0.0 for r in train]
+            ax.plot(steps, mean, label="train reward (mean)", color="C0")
+            ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.15, color="C0")
+        if val:
+            ax.plot([r["step"] for r in val], [r["val/success_rate"] for r in val], "o-", label="validation success rate", color="C1")
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward / success")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        ax.set_title(self.dir.name)
+        fig.tight_layout()
+        path = self.dir / "reward_curve.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path

@@ -1,0 +1,313 @@
+"""The training loop. Read `run` top to bottom: it is the whole algorithm.
+
+    for each step:
+        scenarios   <- next `groups_per_step` training scenarios (deterministic order, resumable)
+        groups      <- `group_size` rollouts of each, through the OpenAI-compatible policy client
+        rewards     <- set by the task's rollout, then by an optional group scorer (judges, gates)
+        advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
+        sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
+        loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
+        update      <- one AdamW step with grad clipping; the live adapter is now version step+1
+        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps
+
+Sampler and trainer are the same peft model here, so "hot-swap" is free: the next request is
+answered by the weights this step produced, and each sampled turn records the adapter version
+that produced it (checked against the step, so stale weights can't go unnoticed).
+
+Metric keys written per step (metrics.jsonl):
+  step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
+  groups_zero_variance_fraction, advantage_abs_mean, loss, policy_loss, kl_mean, clip_fraction,
+  ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
+  sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
+  seconds_rollout, seconds_score, seconds_train, seconds_step;
+  and on validation steps val/reward_mean, val/success_rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grooves.advantage import group_advantages
+from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from grooves.config import RunConfig, dump_config
+from grooves.forward import token_logprobs
+from grooves.loss import compute_loss
+from grooves.policy.handle import ModelHandle
+from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
+from grooves.runlog import RunLog
+from grooves.server import inprocess_client
+from grooves.tasks import Task, load_task
+from grooves.tokenize import TrainSequence, pack_batches, pad_batch, prefix_breaks, trajectory_to_sequences
+from grooves.trajectory import TrajectoryGroup, gather
+
+GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[dict[str, float]]]
+"""Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
+and returns metrics to log (e.g. judge tokens)."""
+
+StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, Any] | None]
+"""Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
+
+
+class ScenarioStream:
+    """Training scenarios in a fresh seeded order each epoch; `position` makes it resumable."""
+
+    def __init__(self, scenarios: Sequence[dict[str, Any]], seed: int, position: int = 0):
+        if not scenarios:
+            raise ValueError("the task has no training scenarios")
+        self.scenarios = list(scenarios)
+        self.seed = seed
+        self.position = position
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.scenarios)))
+        random.Random(self.seed * 7919 + epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        for _ in range(k):
+            epoch, i = divmod(self.position, len(self.scenarios))
+            index = self._order(epoch)[i]
+            out.append((index, self.scenarios[index]))
+            self.position += 1
+        return out
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_policy(config: RunConfig) -> TransformersPolicy:
+    lora = LoraSettings(
+        rank=config.lora.rank,
+        alpha=config.lora.alpha,
+        dropout=config.lora.dropout,
+        target_modules=tuple(config.lora.target_modules),
+    )
+    return TransformersPolicy(
+        config.model.base_model,
+        lora=lora,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        tool_format=config.model.tool_format,
+        seed=config.seed,
+        served_name=config.name,
+    )
+
+
+def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list[TrainSequence], dict[str, float]]:
+    """Advantages per group, then trajectories -> training sequences (failed rollouts skipped)."""
+    alg = config.algorithm
+    ok_groups = [g for g in groups if len(g.ok) >= 2]
+    adv = group_advantages([g.rewards for g in ok_groups], alg.advantage, scale_by_std=alg.scale_by_std, std_floor=alg.std_floor)
+    seqs: list[TrainSequence] = []
+    breaks = 0
+    used = []
+    for gi, (group, a) in enumerate(zip(ok_groups, adv.advantages, strict=True)):
+        if a is None:
+            continue
+        for traj, value in zip(group.ok, a.tolist(), strict=True):
+            seqs.extend(trajectory_to_sequences(traj, value, group_id=gi))
+            breaks += prefix_breaks(traj)
+            used.append(abs(value))
+    stats = {
+        "groups_zero_variance_fraction": adv.num_dropped / max(len(ok_groups), 1),
+        "advantage_abs_mean": float(np.mean(used)) if used else 0.0,
+        "prefix_breaks": float(breaks),
+    }
+    return seqs, stats
+
+
+def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
+    """One optimizer step over all sequences, accumulated over memory-sized micro-batches."""
+    model, alg, opt = policy.model, config.algorithm, config.optim
+    pad = policy.tokenizer.pad_token_id or 0
+    if opt.packing:
+        batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=pad)
+    else:
+        width = max(len(s) for s in seqs)
+        per = max(1, opt.micro_batch_tokens // width)
+        batches = [pad_batch(seqs[i : i + per], pad_token_id=pad) for i in range(0, len(seqs), per)]
+    num_tokens = sum(s.num_sampled for s in seqs)
+    totals: dict[str, float] = {}
+    with policy.lock:
+        model.train()
+        for batch in batches:
+            lp, entropy = token_logprobs(model, batch, config.rollout.temperature)  # [B, T]
+            lp_ref = None
+            if alg.kl_beta > 0:
+                with torch.no_grad(), model.disable_adapter():
+                    lp_ref, _ = token_logprobs(model, batch, config.rollout.temperature)
+            loss, stats = compute_loss(
+                lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
+                policy_loss=alg.loss, eps_low=alg.eps_low, eps_high=alg.eps_high,
+                aggregation=alg.aggregation, max_completion_tokens=config.rollout.max_tokens,
+                lp_ref=lp_ref, beta=alg.kl_beta, kl_kind=alg.kl_kind,
+                num_sequences=len(seqs), num_tokens=num_tokens,
+            )  # fmt: skip
+            loss.backward()
+            share = float(batch.sampled_mask.sum()) / max(num_tokens, 1)
+            stats["token_entropy_mean"] = float(entropy[batch.sampled_mask].mean()) if batch.sampled_mask.any() else 0.0
+            stats["loss"] = float(loss.detach())
+            for k, v in stats.items():
+                if k in ("loss", "policy_loss", "kl_loss", "num_tokens"):
+                    totals[k] = totals.get(k, 0.0) + v  # these are already normalized by the whole step
+                else:
+                    totals[k] = totals.get(k, 0.0) + v * share
+        params = [p for p in model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+    totals["grad_norm"] = float(grad_norm)
+    totals["micro_batches"] = float(len(batches))
+    return totals
+
+
+def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
+    trajs = [t for g in groups for t in g.ok]
+    rewards = [t.reward for t in trajs]
+    out: dict[str, float] = {
+        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs) if trajs else float("nan"),
+    }
+    if not prefix:
+        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        signals = sorted({k for t in trajs for k in t.rewards})
+        for name in signals:
+            vals = [t.rewards[name] for t in trajs if name in t.rewards]
+            out[f"reward/{name}_mean"] = statistics.fmean(vals)
+        out["rollouts"] = float(sum(len(g) for g in groups))
+        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
+        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
+        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
+    return out
+
+
+async def validate(task: Task, handle: ModelHandle, config: RunConfig, step: int) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    scenarios = task.scenarios("validation")[: config.validation.scenarios]
+    val_handle = ModelHandle(handle.client, handle.name, config.validation.temperature, 1.0, handle.max_tokens, seed=config.seed + 1)
+    groups = await gather(
+        task.rollout, val_handle, scenarios, 1, concurrency=config.rollout.concurrency,
+        max_failure_fraction=1.0, progress=config.logging.progress, description=f"validation @ {step}",
+        seed_key=(step,),
+    )  # fmt: skip
+    return _reward_stats(groups, prefix="val/"), groups
+
+
+async def run(
+    config: RunConfig,
+    *,
+    task: Task | None = None,
+    resume: bool = False,
+    score: GroupScorer | None = None,
+    observers: Sequence[StepObserver] = (),
+    stop_after: int | None = None,
+) -> Path:
+    """Train according to `config`; returns the run directory. `stop_after` ends early (tests)."""
+    run_dir = Path(config.output_dir)
+    log = RunLog(run_dir)
+    config_toml = dump_config(config)
+    (run_dir / "config.toml").write_text(config_toml)
+    seed_everything(config.seed)
+    task = task or load_task(config.task, config.task_options)
+
+    policy = build_policy(config)
+    client = inprocess_client(policy)
+    handle = ModelHandle(client, policy.served_name, config.rollout.temperature, config.rollout.top_p, config.rollout.max_tokens, seed=config.seed)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    stream = ScenarioStream(task.scenarios("train"), config.seed)
+
+    state = TrainState(step=0, data_position=0)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+        stream.position = state.data_position
+        policy.adapter_version = state.step
+        log.truncate_after(state.step)
+    elif resume:
+        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
+    else:
+        log.truncate_after(-1)  # a fresh run in an old folder starts a fresh metrics file
+
+    if state.step == 0:
+        val_metrics, val_groups = await validate(task, handle, config, 0)
+        log.log({"step": 0, **val_metrics})
+        log.samples(0, val_groups, name="validation")
+
+    bar = _step_bar(config, state.step)
+    last = min(config.steps, stop_after) if stop_after is not None else config.steps
+    while state.step < last:
+        step = state.step + 1
+        t0 = time.perf_counter()
+        picked = stream.take(config.rollout.groups_per_step)
+        groups = await gather(
+            task.rollout, handle, [s for _, s in picked], config.rollout.group_size,
+            concurrency=config.rollout.concurrency, max_failure_fraction=config.rollout.max_failure_fraction,
+            progress=config.logging.progress, description=f"step {step} rollouts", seed_key=(step,),
+        )  # fmt: skip
+        t_rollout = time.perf_counter()
+        score_metrics = await score(groups) if score is not None else {}
+        t_score = time.perf_counter()
+
+        _check_on_policy(groups, policy.adapter_version)
+        seqs, seq_stats = to_sequences(groups, config)
+        train_stats = optimize(policy, optimizer, seqs, config) if seqs else {"loss": 0.0}
+        policy.bump_version()
+        t_train = time.perf_counter()
+
+        metrics: dict[str, Any] = {"step": step, **_reward_stats(groups), **score_metrics, **seq_stats, **train_stats}
+        metrics.update(
+            lr=config.optim.lr, adapter_version=policy.adapter_version, seconds_rollout=t_rollout - t0,
+            seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
+        )  # fmt: skip
+        for observe in observers:
+            metrics.update(observe(step, metrics, groups) or {})
+        if config.validation.every and step % config.validation.every == 0 or step == config.steps:
+            val_metrics, val_groups = await validate(task, handle, config, step)
+            metrics.update(val_metrics)
+            log.samples(step, val_groups, name="validation")
+        metrics["seconds_step"] = time.perf_counter() - t0
+
+        state = TrainState(step=step, data_position=stream.position)
+        log.log(metrics)
+        if step % config.logging.samples_every == 0:
+            log.samples(step, groups)
+        if step % config.logging.checkpoint_every == 0 or step == config.steps:
+            save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
+        log.plot()
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
+    bar.close()
+    await client.close()
+    return run_dir
+
+
+def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
+    """Every turn sampled this step must come from the adapter the trainer is about to update."""
+    stale = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns if t.adapter_version not in (None, version)}
+    if stale:
+        raise RuntimeError(f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}")
+
+
+def _step_bar(config: RunConfig, start: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=config.steps, initial=start, desc=config.name, disable=not config.logging.progress, dynamic_ncols=True)
+
+
+def train(config: RunConfig, **options) -> Path:
+    """Synchronous entry point: `grooves.train(load_config("run.toml"))`."""
+    return asyncio.run(run(config, **options))

@@ -1,0 +1,63 @@
+"""A finding: one thing the watch saw, at one step, with the numbers that made it fire.
+
+Findings are the watch's only output besides its per-step statistics. They are plain records
+(JSONL in `findings.jsonl`, rows in the report, marks on the curves), so the evidence holds
+numbers and short strings only, never whole trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from grooves.watch.config import Severity
+
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+
+class Finding(BaseModel):
+    """One detector firing at one step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    detector: str
+    severity: Severity
+    message: str
+    """One sentence a person can act on, with the numbers in it."""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    """The statistics behind the message; `stream` (when present) names the metric watched."""
+
+    @property
+    def stream(self) -> str:
+        """What the cooldown is keyed on: the detector plus the metric stream it watched."""
+        return f"{self.detector}:{self.evidence.get('stream', '')}"
+
+    def __str__(self) -> str:
+        return f"[watch] step {self.step} {self.severity.upper()} {self.detector}: {self.message}"
+
+
+def at_least(severity: str, floor: str) -> bool:
+    """True when `severity` is as severe as `floor` or more."""
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK[floor]
+
+
+def write_findings(path: str | Path, findings: list[Finding]) -> None:
+    """Append findings to a JSONL file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for finding in findings:
+            f.write(finding.model_dump_json() + "\n")
+
+
+def read_findings(path: str | Path) -> list[Finding]:
+    """Read `findings.jsonl`; a missing file means no findings."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [Finding.model_validate(json.loads(line)) for line in f if line.strip()]

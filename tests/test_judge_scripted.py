@@ -1,0 +1,244 @@
+"""A scripted OpenAI-compatible judge endpoint served over real HTTP, and checks of the judge client.
+
+`ScriptedServer` is a FastAPI app run by uvicorn on 127.0.0.1 in a background thread. It answers
+`/v1/chat/completions` from a script, in order: a string is returned as the assistant's content,
+`Status(500)` is an HTTP error, `Delay(s, text)` answers late (to trigger client timeouts), and a
+callable computes the reply from the request body; `fallback` answers once the script is used up.
+It records every request it receives.
+Other judge tests import it from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from grooves.judge import JudgeClient, JudgeConfig, JudgeError
+
+
+@dataclass
+class Status:
+    code: int
+
+
+@dataclass
+class Delay:
+    seconds: float
+    text: str
+
+
+Reply = str | Status | Delay | Callable[[dict], str]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class ScriptedServer:
+    """Serves scripted chat completions on a free local port; `base_url` ends in /v1."""
+
+    def __init__(self, script: list[Reply] | None = None) -> None:
+        self.script: list[Reply] = list(script or [])
+        self.requests: list[dict] = []
+        self.fallback: Callable[[dict], str] | None = None
+        """Answers every request once the script is used up (None: answer 418)."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self._complete)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    async def _complete(self, request: Request):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: Request):
+        body = await request.json()
+        self.requests.append(body)
+        if not self.script and self.fallback is not None:
+            self.script.append(self.fallback)
+        if not self.script:
+            return JSONResponse({"error": {"message": "script exhausted"}}, status_code=418)
+        step = self.script.pop(0)
+        if isinstance(step, Status):
+            return JSONResponse({"error": {"message": f"scripted {step.code}"}}, status_code=step.code)
+        if isinstance(step, Delay):
+            await asyncio.sleep(step.seconds)
+            step = step.text
+        text = step(body) if callable(step) else step
+        prompt = sum(_words(m.get("content") or "") for m in body["messages"])
+        return {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": _words(text), "total_tokens": prompt + _words(text)},
+        }
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("scripted server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+_RESPONSE = re.compile(r'<response id="(t\d+)">\n(.*?)\n</response>', re.DOTALL)
+
+
+def shown_responses(body: dict) -> dict[str, str]:
+    """id -> rendered response text, as the judge saw them in a group request."""
+    return dict(_RESPONSE.findall(body["messages"][1]["content"]))
+
+
+def group_reply(scores: dict[str, float], criterion: str = "overall") -> str:
+    return json.dumps(
+        {"scores": [{"id": i, "reason": f"scored {s}", "criteria": {criterion: s}} for i, s in scores.items()]}
+    )
+
+
+def make_client(server: ScriptedServer, tmp_path, sleeps: list[float] | None = None, **config) -> JudgeClient:
+    async def record_sleep(seconds: float) -> None:
+        if sleeps is not None:
+            sleeps.append(seconds)
+
+    cfg = JudgeConfig(base_url=server.base_url, model="scripted-judge", cache_path=tmp_path / "cache.sqlite",
+                      backoff_s=0.01, jitter=0.0, **config)
+    return JudgeClient(cfg, sleep=record_sleep)
+
+
+@pytest.fixture
+def server():
+    with ScriptedServer() as s:
+        yield s
+
+
+def test_server_answers_in_order_and_counts_requests(server, tmp_path):
+    server.script += ["first", "second"]
+
+    async def go():
+        client = make_client(server, tmp_path)
+        a = await client.complete([{"role": "user", "content": "one two three"}])
+        b = await client.complete([{"role": "user", "content": "x"}])
+        await client.aclose()
+        return a, b, client.usage
+
+    a, b, usage = asyncio.run(go())
+    assert (a.text, b.text) == ("first", "second")
+    assert len(server.requests) == 2
+    assert server.requests[0]["model"] == "scripted-judge"
+    assert (usage.requests, usage.prompt_tokens, usage.completion_tokens) == (2, 4, 2)
+
+
+def test_retries_http_500_with_exponential_backoff(server, tmp_path):
+    server.script += [Status(500), Status(503), "ok"]
+    sleeps: list[float] = []
+
+    async def go():
+        client = make_client(server, tmp_path, sleeps)
+        out = await client.complete([{"role": "user", "content": "hi"}])
+        await client.aclose()
+        return out, client.usage
+
+    out, usage = asyncio.run(go())
+    assert out.text == "ok"
+    assert len(server.requests) == 3
+    assert sleeps == [0.01, 0.02]  # backoff_s * 2**k
+    assert (usage.requests, usage.retries) == (3, 2)
+
+
+def test_retries_a_timeout_then_succeeds(server, tmp_path):
+    server.script += [Delay(2.0, "too late"), "in time"]
+    sleeps: list[float] = []
+
+    async def go():
+        client = make_client(server, tmp_path, sleeps, timeout_s=0.3)
+        out = await client.complete([{"role": "user", "content": "hi"}])
+        await client.aclose()
+        return out
+
+    assert asyncio.run(go()).text == "in time"
+    assert sleeps == [0.01]
+
+
+def test_gives_up_after_max_retries_with_a_clear_error(server, tmp_path):
+    server.script += [Status(500)] * 3
+
+    async def go():
+        client = make_client(server, tmp_path, max_retries=2)
+        try:
+            await client.complete([{"role": "user", "content": "hi"}])
+        finally:
+            await client.aclose()
+
+    with pytest.raises(JudgeError, match="failed after 3 attempts"):
+        asyncio.run(go())
+    assert len(server.requests) == 3
+
+
+def test_client_errors_are_not_retried(server, tmp_path):
+    server.script += [Status(400), "never reached"]
+
+    async def go():
+        client = make_client(server, tmp_path)
+        try:
+            await client.complete([{"role": "user", "content": "hi"}])
+        finally:
+            await client.aclose()
+
+    with pytest.raises(JudgeError, match="failed: "):
+        asyncio.run(go())
+    assert len(server.requests) == 1
+
+
+def test_concurrency_limit_holds_requests_back(server, tmp_path):
+    server.script += [Delay(0.1, "done")] * 6
+
+    async def go():
+        client = make_client(server, tmp_path, concurrency=2)
+        await asyncio.gather(*(client.complete([{"role": "user", "content": str(i)}]) for i in range(6)))
+        await client.aclose()
+
+    asyncio.run(go())
+    assert len(server.requests) == 6
+    assert server.max_in_flight == 2
+
+
+def test_missing_endpoint_settings_name_the_env_vars(monkeypatch, tmp_path):
+    monkeypatch.delenv("GROOVES_JUDGE_BASE_URL", raising=False)
+    monkeypatch.delenv("GROOVES_JUDGE_MODEL", raising=False)
+    with pytest.raises(JudgeError, match="GROOVES_JUDGE_BASE_URL"):
+        JudgeConfig(model="m", cache_path=None).resolved()
+    monkeypatch.setenv("GROOVES_JUDGE_BASE_URL", "http://127.0.0.1:1/v1")
+    with pytest.raises(JudgeError, match="GROOVES_JUDGE_MODEL"):
+        JudgeConfig(cache_path=None).resolved()
+    monkeypatch.setenv("GROOVES_JUDGE_MODEL", "from-env")
+    cfg = JudgeConfig(cache_path=None).resolved()
+    assert (cfg.base_url, cfg.model, cfg.api_key) == ("http://127.0.0.1:1/v1", "from-env", "none")

@@ -1,0 +1,343 @@
+"""The OpenAI-compatible server: exact tokens and logprobs, n > 1, batching, tools, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+from openai import OpenAI
+from typer.testing import CliRunner
+
+from grooves.cli import app as cli_app
+from grooves.policy.sampling import SamplingParams
+from grooves.policy.transformers_policy import TransformersPolicy
+from grooves.server import create_app, inprocess_client
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TOOL_CALL_TEXT = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return TransformersPolicy(str(tiny_model_dir), served_name="tiny")
+
+
+@pytest.fixture(scope="module")
+def app(policy):
+    return create_app(policy, max_n=16)
+
+
+def recomputed_logprobs(model, prompt_ids, token_ids, temperature):
+    """log_softmax(logits / T) at each sampled token, from one plain forward pass (no cache, no padding)."""
+    ids = torch.tensor([prompt_ids + token_ids])  # [1, P+T]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # [P+T, V]
+    scaled = logits[len(prompt_ids) - 1 : -1] / (temperature or 1.0)  # [T, V]: position t predicts token t+1
+    return torch.log_softmax(scaled, dim=-1).gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1)
+
+
+def assert_choice_matches_forward(policy, choice, temperature):
+    expected = recomputed_logprobs(policy.model, choice.prompt_token_ids, choice.token_ids, temperature)
+    got = torch.tensor(choice.sampled_logprobs)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+@contextmanager
+def http_server(app):
+    """uvicorn on 127.0.0.1 on a free port, in a background thread; yields the /v1 base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def test_n8_tokens_and_logprobs_equal_a_forward_pass(policy, app):
+    async def go():
+        client = inprocess_client(app)
+        return await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello world"}], n=8, max_tokens=24,
+            temperature=0.8, logprobs=True,
+        )
+
+    resp = asyncio.run(go())
+    assert len(resp.choices) == 8
+    expected_prompt = policy.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello world"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert len({tuple(c.token_ids) for c in resp.choices}) > 1  # 8 samples, not 8 copies
+    for c in resp.choices:
+        assert c.prompt_token_ids == expected_prompt
+        assert_choice_matches_forward(policy, c, 0.8)
+        assert [t.logprob for t in c.logprobs.content] == c.sampled_logprobs
+        assert c.adapter_version == 0
+    assert resp.usage.completion_tokens == sum(len(c.token_ids) for c in resp.choices)
+
+
+def test_greedy_tokens_are_the_forward_pass_argmax(policy, app):
+    client = TestClient(app)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "a story"}], "max_tokens": 16, "temperature": 0}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    prompt, tokens = choice["prompt_token_ids"], choice["token_ids"]
+    with torch.no_grad():
+        logits = policy.model(input_ids=torch.tensor([prompt + tokens])).logits[0]  # [P+T, V]
+    assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens
+    # temperature 0 has no distribution: the reported logprob is the temperature-1 one
+    expected = recomputed_logprobs(policy.model, prompt, tokens, 1.0)
+    assert (torch.tensor(choice["sampled_logprobs"]) - expected).abs().max().item() < 1e-4
+
+
+def test_concurrent_requests_of_different_lengths_are_batched_and_exact(policy, app, monkeypatch):
+    batches: list[list[int]] = []
+    real_generate = policy.generate
+
+    def recording_generate(prompts, params):
+        batches.append([len(p) for p in prompts])
+        return real_generate(prompts, params)
+
+    monkeypatch.setattr(policy, "generate", recording_generate)
+    questions = ["hi", "The quick brown fox jumps over the lazy dog.", "yes no 1 2 3", "title story hello world " * 4]
+
+    async def go():
+        client = inprocess_client(app)
+        # hold the weights so the sampler blocks on the first request and the others queue up behind it
+        policy.lock.acquire()
+        tasks = [
+            asyncio.create_task(
+                client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": q}], n=2, max_tokens=12 + 3 * i, temperature=1.1
+                )
+            )
+            for i, q in enumerate(questions)
+        ]
+        deadline = time.monotonic() + 30
+        def arrived():  # in the (blocked) batch the sampler took, or queued behind it
+            return sum(len(b) for b in batches) + app.state.scheduler._queue.qsize()
+
+        while arrived() < len(questions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        policy.lock.release()
+        return await asyncio.gather(*tasks)
+
+    responses = asyncio.run(go())
+    largest = max(batches, key=len)
+    assert len(largest) >= len(questions) - 1 and len(set(largest)) == len(largest)  # mixed lengths: left padding
+    for i, resp in enumerate(responses):
+        assert len(resp.choices) == 2
+        for c in resp.choices:
+            assert len(c.token_ids) <= 12 + 3 * i
+            assert_choice_matches_forward(policy, c, 1.1)
+
+
+def test_left_padded_batch_matches_forward_pass(policy):
+    tok = policy.tokenizer
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["hello", "You are a helpful assistant. Answer the question.", "0 1 2"]]
+    params = [SamplingParams(n=3, max_tokens=20, temperature=0.7), SamplingParams(n=2, max_tokens=9, temperature=1.5),
+              SamplingParams(n=1, max_tokens=14, temperature=0.0)]
+    results = policy.generate(prompts, params)
+    for prompt, p, completions in zip(prompts, params, results, strict=True):
+        assert len(completions) == p.n
+        for c in completions:
+            expected = recomputed_logprobs(policy.model, prompt, c.token_ids, p.temperature)
+            assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 1e-4
+    greedy_alone = policy.generate([prompts[2]], [params[2]])[0][0]
+    assert greedy_alone.token_ids == results[2][0].token_ids  # padding next to longer prompts changes nothing
+
+
+def test_n8_through_real_http_with_the_openai_client(policy, app):
+    with http_server(app) as base_url:
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        resp = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], n=8, max_tokens=10, temperature=1.0
+        )
+    assert len(resp.choices) == 8
+    assert [c.index for c in resp.choices] == list(range(8))
+    for c in resp.choices:
+        assert c.finish_reason in ("stop", "length")
+        assert len(c.token_ids) == len(c.sampled_logprobs) <= 10
+        assert_choice_matches_forward(policy, c, 1.0)
+
+
+@pytest.fixture(scope="module")
+def tool_policy(tiny_model_dir):
+    """A tiny model trained until its greedy answer to WEATHER_QUESTION is exactly one tool call."""
+    policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny-tools")
+    tok = policy.tokenizer
+    prompt = policy.render(WEATHER_QUESTION, [WEATHER_TOOL])
+    target = tok(TOOL_CALL_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ids = torch.tensor([prompt + target])  # [1, P+T]
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100  # learn the answer only
+    model = policy.model
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        out = model(input_ids=ids, labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        hits = out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]
+        if bool(hits.all()) and out.loss.item() < 0.05:
+            break
+    model.eval()
+    assert bool(hits.all()), "the tiny model did not learn the tool call"
+    return policy
+
+
+def test_tool_call_round_trip_with_token_splice(tool_policy):
+    tok = tool_policy.tokenizer
+    with http_server(create_app(tool_policy)) as base_url:
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        first = client.chat.completions.create(
+            model="tiny-tools", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], temperature=0, max_tokens=64
+        )
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        assert choice.token_ids[-1] == tok.eos_token_id
+
+        turn2 = [
+            *WEATHER_QUESTION,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+        ]
+        second = client.chat.completions.create(
+            model="tiny-tools", messages=turn2, tools=[WEATHER_TOOL], temperature=0, max_tokens=8
+        )
+    prefix = choice.prompt_token_ids + choice.token_ids
+    prompt2 = second.choices[0].prompt_token_ids
+    assert prompt2[: len(prefix)] == prefix
+    # what follows the sampled end-of-turn token is exactly the template's text for the next turns
+    suffix = tok("\n<|im_start|>tool\nsunny, 21 C<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert prompt2 == prefix + suffix
+    assert_choice_matches_forward(tool_policy, second.choices[0], 1.0)
+
+
+def test_models_endpoint_lists_the_served_model(app):
+    body = TestClient(app).get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["tiny"]
+
+
+BASE = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _tool(function):
+    return {**BASE, "tools": [{"type": "function", "function": function}]}
+
+
+BAD_REQUESTS = {
+    "unknown model": ({**BASE, "model": "gpt-4"}, 404, "model", "model_not_found"),
+    "bad role": ({**BASE, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", None),
+    "missing messages": ({"model": "tiny"}, 400, "messages", None),
+    "empty messages": ({**BASE, "messages": []}, 400, "messages", None),
+    "content is a number": ({**BASE, "messages": [{"role": "user", "content": 42}]}, 400, "messages.0.content", None),
+    "content parts not objects": ({**BASE, "messages": [{"role": "user", "content": ["hi"]}]}, 400, "messages.0.content", None),
+    "message not an object": ({**BASE, "messages": ["hi"]}, 400, "messages.0", None),
+    "bad tool call in history": (
+        {**BASE, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]}]}, 400,
+        "messages.0.tool_calls.0.function", None,
+    ),
+    "prompt too long": (
+        {**BASE, "messages": [{"role": "user", "content": "hello " * 2000}]}, 400, "messages", "context_length_exceeded",
+    ),
+    "max_tokens past context": ({**BASE, "max_tokens": 5000}, 400, "messages", "context_length_exceeded"),
+    "n too large": ({**BASE, "n": 17}, 400, "n", None),
+    "n zero": ({**BASE, "n": 0}, 400, "n", None),
+    "temperature too high": ({**BASE, "temperature": 3}, 400, "temperature", None),
+    "tool name with spaces": (_tool({"name": "get weather!"}), 400, "tools[0].function.name", None),
+    "tool name missing": (_tool({"description": "no name"}), 400, "tools[0].function.name", None),
+    "parameters not a schema": (_tool({"name": "f", "parameters": {"type": "nonsense"}}), 400, "tools[0].function.parameters", None),
+    "parameters boolean schema": (_tool({"name": "f", "parameters": True}), 400, "tools[0].function.parameters", None),
+    "parameters not an object": (_tool({"name": "f", "parameters": {"type": "string"}}), 400, "tools[0].function.parameters", None),
+    "tool not a function": ({**BASE, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", None),
+    "stream": ({**BASE, "stream": True}, 400, "stream", None),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_input_is_a_4xx_json_error_naming_the_field(app, case):
+    body, status, param, code = BAD_REQUESTS[case]
+    resp = TestClient(app, raise_server_exceptions=False).post("/v1/chat/completions", json=body)
+    assert resp.status_code == status
+    error = resp.json()["error"]
+    assert error["param"] == param
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] and "Traceback" not in resp.text
+
+
+def test_invalid_json_body_is_a_400(app):
+    resp = TestClient(app).post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    assert "not valid JSON" in resp.json()["error"]["message"]
+
+
+def test_openai_client_raises_the_servers_error(app):
+    async def go():
+        return await inprocess_client(app).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+    import openai
+
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        asyncio.run(go())
+
+
+def test_serve_command_rejects_a_missing_model_directory(tmp_path):
+    result = CliRunner().invoke(cli_app, ["serve", "--model", str(tmp_path / "missing")])
+    assert result.exit_code == 1
+    assert "no such directory" in result.output
+
+
+@pytest.mark.slow
+def test_real_smollm2_over_http():
+    policy = TransformersPolicy("smollm2-135m")
+    with http_server(create_app(policy)) as base_url:
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        chat = client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            n=2, max_tokens=24, temperature=0.7,
+        )
+        tool = client.chat.completions.create(
+            model="smollm2-135m", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], temperature=0, max_tokens=48
+        )
+    assert len(chat.choices) == 2
+    for c in chat.choices:
+        assert c.message.content
+        assert_choice_matches_forward(policy, c, 0.7)
+    call = tool.choices[0].message.tool_calls[0]
+    assert tool.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}

@@ -321,9 +321,21 @@ def test_serve_command_rejects_a_missing_model_directory(tmp_path):
     assert "no such directory" in result.output
 
 
+FEW_SHOT_WEATHER = [
+    {"role": "user", "content": "What is the weather in London?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "London"}'}}
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "rainy, 12 C"},
+    {"role": "assistant", "content": "It is rainy and 12 C in London."},
+    {"role": "user", "content": "And in Paris?"},
+]
+
+
 @pytest.mark.slow
 def test_real_smollm2_over_http():
     policy = TransformersPolicy("smollm2-135m")
+    tok = policy.tokenizer
     with http_server(create_app(policy)) as base_url:
         client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         chat = client.chat.completions.create(
@@ -331,13 +343,22 @@ def test_real_smollm2_over_http():
             n=2, max_tokens=24, temperature=0.7,
         )
         tool = client.chat.completions.create(
-            model="smollm2-135m", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], temperature=0, max_tokens=48
+            model="smollm2-135m", messages=FEW_SHOT_WEATHER, tools=[WEATHER_TOOL], temperature=0, max_tokens=48
         )
     assert len(chat.choices) == 2
     for c in chat.choices:
         assert c.message.content
         assert_choice_matches_forward(policy, c, 0.7)
-    call = tool.choices[0].message.tool_calls[0]
-    assert tool.choices[0].finish_reason == "tool_calls"
-    assert call.function.name == "get_weather"
-    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    choice = tool.choices[0]
+    prompt = tok.decode(choice.prompt_token_ids)
+    assert prompt.startswith("<|im_start|>system\nYou are an expert in composing functions.")
+    assert '<tools>[{"name": "get_weather", "description": "Current weather of a city"' in prompt
+    assert '<|im_start|>assistant\n<tool_call>[{"name": "get_weather", "arguments": {"city": "London"}}]</tool_call><|im_end|>' in prompt
+    assert "<|im_start|>tool\nrainy, 12 C<|im_end|>" in prompt
+    assert_choice_matches_forward(policy, choice, 1.0)
+    # the 135M model seldom answers with a call; whichever it wrote, the parse must agree with the text
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls[0].function.name == "get_weather"
+    else:
+        assert choice.message.content == tok.decode(choice.token_ids, skip_special_tokens=True)

@@ -19,7 +19,40 @@ app.command("serve")(policy_cli.serve_command)
 app.add_typer(policy_cli.models_app, name="models")
 from grooves.judge import cli as judge_cli  # noqa: E402
 app.add_typer(judge_cli.app, name="judge")
+from grooves.envs import cli as env_cli  # noqa: E402
+app.add_typer(env_cli.app, name="env")
 # end of sub-command groups
+
+
+@app.command("train")
+def train_command(
+    run_file: str = typer.Argument(..., help="The run's TOML file."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field: --set optim.lr=1e-4 (value parsed as TOML)."),
+) -> None:
+    """Train an adapter with RL as the run file describes."""
+    import tomllib
+
+    from grooves.config import ConfigError, load_config
+
+    overrides = {}
+    for item in set_:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--set {item!r}: expected key=value", param_hint="--set")
+        try:
+            overrides[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            overrides[key] = value
+    try:
+        config = load_config(run_file, overrides)
+    except ConfigError as exc:
+        typer.echo(f"error in {run_file}:\n{exc}", err=True)
+        raise typer.Exit(2) from None
+    from grooves.trainer import train
+
+    run_dir = train(config, resume=resume)
+    typer.echo(f"run folder: {run_dir}")
 
 
 def main() -> None:

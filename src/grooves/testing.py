@@ -56,8 +56,14 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def build_tiny_model_dir(path: str | Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
-    """Write a tiny random Llama + tokenizer to `path` and return it."""
+def build_tiny_model_dir(
+    path: str | Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, init_std: float = 0.02
+) -> Path:
+    """Write a tiny random Llama + tokenizer to `path` and return it.
+
+    `init_std` 0.02 (the usual init) gives a near-uniform next-token distribution; about 0.2 gives a
+    peaked, input-dependent one, which RL tests need to show learning within a few steps.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -76,6 +82,7 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0, hidden_size: int = 
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        initializer_range=init_std,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

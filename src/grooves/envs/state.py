@@ -83,8 +83,9 @@ class SqliteState:
     def restore(self, data: bytes) -> None:
         """Replace the database with a snapshot's bytes.
 
-        In memory, `deserialize` swaps the pages in place. A file-backed state is restored
-        through the backup API instead, because `deserialize` would detach it from its file.
+        In memory, `deserialize` swaps the pages in place. A file-backed state rewrites its file
+        and reconnects: `deserialize` would detach it from the file, and the backup API would
+        bump the header's change counter, so the bytes would no longer match the snapshot.
         """
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"restore expects the bytes of snapshot(), got {type(data).__name__}")
@@ -92,12 +93,9 @@ class SqliteState:
         if self.path is None:
             self.conn.deserialize(bytes(data))
             return
-        scratch = sqlite3.connect(":memory:")
-        try:
-            scratch.deserialize(bytes(data))
-            scratch.backup(self.conn)
-        finally:
-            scratch.close()
+        self.conn.close()
+        self.path.write_bytes(bytes(data))
+        self.conn = connect(self.path)
 
     def fork(self) -> SqliteState:
         """An independent copy in memory: changes to either never reach the other."""

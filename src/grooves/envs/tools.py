@@ -74,7 +74,10 @@ class ToolOutcome:
 
 
 def error_content(kind: str, message: str) -> str:
-    return json.dumps({"error": kind, "message": _clip(message, _MAX_ERROR_CHARS)})
+    """A tool error as the agent sees it; long messages keep their head and tail (the reason)."""
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[: _MAX_ERROR_CHARS - 100] + " ... " + message[-95:]
+    return json.dumps({"error": kind, "message": message})
 
 
 class ToolBox:
@@ -131,8 +134,7 @@ class ToolBox:
             return {}, ("invalid_arguments", f"arguments must be a JSON object, got {type(args).__name__}")
         error = best_match(self._validators[call.name].iter_errors(args))
         if error is not None:
-            where = error.json_path
-            return {}, ("schema_violation", f"{error.message} (at {where})")
+            return {}, ("schema_violation", f"at {error.json_path}: {error.message}")
         return args, None
 
 

@@ -29,7 +29,8 @@ def report(
 ) -> None:
     """One self-contained HTML page: reward curves per signal, the watch's findings on the timeline, samples, config."""
     from grooves.report.html import report_page
-    from grooves.report.rundir import load_run, rewatch as run_watch
+    from grooves.report.rundir import load_run
+    from grooves.report.rundir import rewatch as run_watch
 
     try:
         run = load_run(run_dir)

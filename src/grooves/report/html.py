@@ -75,20 +75,27 @@ def findings_table(findings: Sequence[Finding]) -> str:
 
 
 def figure_html(title: str, png_base64: str) -> str:
-    """An inline PNG with its caption."""
+    """An inline PNG; the title becomes its alt text (the section heading shows it)."""
     alt = html.escape(title, quote=True)
-    return (
-        f'<figure><img class="plot" alt="{alt}" src="data:image/png;base64,{png_base64}">'
-        f"<figcaption class=\"muted\">{html.escape(title)}</figcaption></figure>"
+    return f'<figure><img class="plot" alt="{alt}" src="data:image/png;base64,{png_base64}"></figure>'
+
+
+def inspection_page(
+    step: int,
+    samples: Sequence[Sample],
+    findings: Sequence[Finding],
+    max_chars: int,
+    stats: dict[str, float] | None = None,
+) -> str:
+    """The watch's page for one step: findings since the previous page, the step's watch statistics, samples."""
+    cells = "".join(
+        f'<tr><td>{html.escape(k)}</td><td class="num">{v:.4g}</td></tr>' for k, v in sorted((stats or {}).items())
     )
-
-
-def inspection_page(step: int, samples: Sequence[Sample], findings: Sequence[Finding], max_chars: int) -> str:
-    """The watch's page for one step: that step's findings, then its samples."""
     body = (
         f"<h1>Step {step}: sampled outputs</h1>"
         f'<p class="badges">{severity_badges(findings)}</p>'
         f"{findings_table(findings) if findings else ''}"
+        f'{"<h2>Watch statistics</h2><table class=stats>" + cells + "</table>" if cells else ""}'
         "<h2>Best, worst and random outputs</h2>"
         '<p class="muted">Read the best ones first: a cheat scores highest.</p>'
         f"{samples_html(samples, max_chars)}"

@@ -88,7 +88,7 @@ def samples_html(samples: Sequence[Sample], max_chars: int = 1500) -> str:
             f'<tr class="sample {s.kind}"><td><span class="kind {s.kind}">{s.kind}</span></td>'
             f"<td>{s.group}</td><td class=\"num\">{s.reward:.4g}</td><td>{signals}</td>"
             f'<td class="text input">{_cut(s.input, max_chars)}</td>'
-            f'<td class="text output">{_cut(s.output, max_chars)}</td><td class="num">{s.tokens}</td></tr>'
+            f'<td class="text output">{_cut(s.output, max_chars)}</td><td class="num">{s.tokens or "-"}</td></tr>'
         )
     head = (
         "<tr><th>pick</th><th>input</th><th>reward</th><th>signals</th><th>input text</th>"

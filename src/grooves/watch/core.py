@@ -70,6 +70,7 @@ class Watch:
         """The last step's statistics, `watch/<detector>/<quantity>`."""
         self.last_inspection: Path | None = None
         self._last_fired: dict[str, int] = {}
+        self._inspected_at = -1
         self._pause = False
 
     def observe(
@@ -90,7 +91,8 @@ class Watch:
             self._pause = True
         self._record(step, stats, new)
         if self._inspection_due(step, view):
-            self.last_inspection = self._inspect(step, view, new)
+            self.last_inspection = self._inspect(step, view, stats)
+            self._inspected_at = step
         if self.config.echo:
             for finding in new:
                 print(finding, file=sys.stderr)
@@ -132,7 +134,7 @@ class Watch:
         every = self.config.inspect.every
         return self.run_dir is not None and every > 0 and step % every == 0 and bool(view.groups)
 
-    def _inspect(self, step: int, view: StepView, new: list[Finding]) -> Path:
+    def _inspect(self, step: int, view: StepView, stats: dict[str, float]) -> Path:
         from grooves.report.html import inspection_page
         from grooves.report.samples import pick_samples
 
@@ -147,5 +149,6 @@ class Watch:
         )
         path = self.run_dir / "inspect" / f"step_{step:06d}.html"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(inspection_page(step, samples, new, c.max_chars), encoding="utf-8")
+        since = [f for f in self.findings if self._inspected_at < f.step <= step]
+        path.write_text(inspection_page(step, samples, since, c.max_chars, stats), encoding="utf-8")
         return path

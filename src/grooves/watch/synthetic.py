@@ -109,8 +109,9 @@ class _Run:
         s = self.shape
         k = s.hack_step
         ramp = np.clip((np.arange(s.steps) - k + 1) / 3, 0, 1)  # 0 before the hack, 1 three steps in
+        self.bonus = np.zeros(s.steps)
         if s.hack == "reward_jump":
-            self.q = np.minimum(1.0, self.q + 0.6 * ramp)
+            self.bonus = 1.5 * ramp  # a term the policy learned to max out: the reward leaves its old range
         elif s.hack == "length":
             self.length = self.length * (1 + 2 * np.clip((np.arange(s.steps) - k + 1) / 8, 0, 1))
         elif s.hack == "divergence":
@@ -149,7 +150,7 @@ class _Run:
         else:
             q_sig = float(np.clip(quality + rng.normal(0, self.sigma), 0, 1))
         fmt = float(rng.random() < 0.9)
-        reward = self.offset + self.scale * (0.8 * q_sig + 0.2 * fmt)
+        reward = self.offset + self.scale * (0.8 * q_sig + 0.2 * fmt + self.bonus[step])
         messages = [{"role": "user", "content": body}, {"role": "assistant", "content": title}]
         return Trajectory(messages=messages, reward=reward, rewards={"quality": q_sig, "format": fmt})
 

@@ -62,12 +62,12 @@ def cross_pairs(sizes: Sequence[int], max_pairs: int, rng: np.random.Generator) 
     total = (len(index) ** 2 - sum(n * n for n in sizes)) // 2
     if total <= max_pairs:
         return [(a, b) for k, a in enumerate(index) for b in index[k + 1 :] if a[0] != b[0]]
-    pairs: list[Pair] = []
-    while len(pairs) < max_pairs:
-        i, j = rng.integers(0, len(index), size=2)
-        if index[i][0] != index[j][0]:
-            pairs.append((index[i], index[j]))
-    return pairs
+    group_of = np.array([g for g, _ in index])
+    drawn: list[list[int]] = []
+    while len(drawn) < max_pairs:
+        draw = rng.integers(0, len(index), size=(2 * max_pairs, 2))  # [2P, 2]
+        drawn.extend(draw[group_of[draw[:, 0]] != group_of[draw[:, 1]]].tolist())
+    return [(index[i], index[j]) for i, j in drawn[:max_pairs]]
 
 
 def duplicate_rate(outputs: Sequence[Sequence[str]]) -> tuple[float, str, int]:

@@ -131,7 +131,7 @@ class InputIndependence:
     def _lexical(self, view: StepView, obs: Observation) -> None:
         c = self.config
         g = grounding(view.outputs, view.inputs)
-        obs.stats.update({f"watch/input_independence/{k}": v for k, v in g.items()})
+        obs.stats.update({f"watch/input_independence/{k}": g[k] for k in ("accuracy", "own", "shuffled")})
         self._accuracy.append(g["accuracy"])
         if len(self._accuracy) <= c.baseline_steps:
             return

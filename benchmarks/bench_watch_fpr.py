@@ -8,7 +8,7 @@ on at `--hack-step`; "detected" means the expected detector fired at or after th
 "early" counts runs where any detector fired a warning or worse before it.
 
     .venv/bin/python benchmarks/bench_watch_fpr.py              # 200 healthy, 40 per hack
-    .venv/bin/python benchmarks/bench_watch_fpr.py --healthy 50 --hacked 10
+    .venv/bin/python benchmarks/bench_watch_fpr.py --healthy 100 --steps 300 --hacked 0
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ def main() -> None:
     args = parser.parse_args()
     config = WatchConfig(echo=False)
     t0 = time.perf_counter()
-    healthy_table(args.healthy, args.steps, config)
-    hacked_table(args.hacked, args.steps, args.hack_step, config)
+    if args.healthy:
+        healthy_table(args.healthy, args.steps, config)
+    if args.hacked:
+        hacked_table(args.hacked, args.steps, args.hack_step, config)
     print(f"\n{time.perf_counter() - t0:.0f} s")
 
 

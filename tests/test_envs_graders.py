@@ -91,9 +91,11 @@ def test_support_desk_decline_and_question(envs):
     assert out_of_policy.score == 0.0 and out_of_policy.parts["policy"] == 0.0
     q = first(env, kind="question", field="stock")
     n = q["expected"]["number"]
-    assert act(env, q, [], f"We have {n} in stock.")[0].score == 1.0
-    assert act(env, q, [], f"We have {n + 1} in stock.")[0].score == 0.0
-    assert act(env, q, [], f"Somewhere between {n}, {n + 1} and {n + 2}.")[0].score == 0.0
+    look = [("get_product", {"product_id": q["expected"]["product_id"]})]
+    assert act(env, q, look, f"We have {n} in stock.")[0].score == 1.0
+    assert act(env, q, look, f"We have {n + 1} in stock.")[0].score == 0.0
+    assert act(env, q, look, f"Somewhere between {n}, {n + 1} and {n + 2}.")[0].score == 0.0
+    assert act(env, q, [], f"We have {n} in stock.")[0].score == 0.0  # a lucky guess without looking
 
 
 def test_support_desk_answer_inside_a_tool_call_turn_is_not_an_answer(envs):
@@ -171,12 +173,16 @@ def test_flight_booking_book_and_change(envs):
                          f"Booking {c['booking_id']} moved.")
     assert results[0]["change_cost"] == results[1]["charged"]
     assert moved.score == 1.0
+    assert act(env, change, [], f"Booking {c['booking_id']} moved.")[0].score == 0.0  # the id is in the prompt
     basic = first(env, kind="change", reason="basic")
     bb = basic["expected"]["booking_id"]
     _, refused = act(env, basic, [("quote_change", {"booking_id": bb, "new_flight_id": "GR101"})], None)
     assert refused[0]["error"] == "refused"
-    assert act(env, basic, [], f"Booking {bb} is a basic fare and cannot be changed.")[0].score == 1.0
-    assert act(env, basic, [], f"Booking {bb} was changed.")[0].score == pytest.approx(0.4)
+    look = [("get_booking", {"booking_id": bb})]
+    assert act(env, basic, look, f"Booking {bb} is a basic fare and cannot be changed.")[0].score == 1.0
+    assert act(env, basic, look, f"Booking {bb} was changed.")[0].score == pytest.approx(0.4)
+    blind, _ = act(env, basic, [], f"Booking {bb} is a basic fare and cannot be changed.")
+    assert blind.score == 0.0 and blind.parts["checked"] == 0.0  # parroting the prompt earns nothing
 
 
 def test_corpus_search_answers(envs):

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.envs import get_env, run_episode
-from grooves.envs.base import Grade
+from grooves.envs.base import Environment, Episode, Grade
 from grooves.envs.remote import RemoteEnvError, RemoteEnvironment
 from grooves.envs.server import create_app
 from grooves.envs.task import SqliteEnvironment, TaskSpec, assign_splits
@@ -68,7 +68,7 @@ def test_two_concurrent_sessions_are_isolated(tracker_url):
     remote = RemoteEnvironment(tracker_url)
     scenario = remote.scenarios("train")[0]
     a, b = remote.reset(scenario), remote.reset(scenario)
-    assert a.session_id != b.session_id
+    assert isinstance(a, Episode) and a.session_id != b.session_id
 
     def work(episode, tag):
         keys = []
@@ -219,6 +219,7 @@ def test_a_remote_environment_runs_episodes_like_a_local_one():
     scenario = refund_scenario(local)
     with http_server(create_app(local)) as url:
         remote = RemoteEnvironment(url)
+        assert isinstance(remote, Environment) and isinstance(local, Environment)
         assert remote.name == "support_desk" and remote.limits == local.limits
         assert remote.scenarios("validation") == local.scenarios("validation")
         far = asyncio.run(run_episode(ScriptedClient(support_agent(scenario)), remote, scenario, model="m", max_turns=6))

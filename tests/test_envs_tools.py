@@ -188,3 +188,14 @@ def test_noisy_ranking_is_reproducible_per_episode_and_truncates_snippets():
     assert all(len(s) <= 73 for s in snippets)
     page = reply(env.reset(scenario), "read", {"doc_id": runs[0]["results"][0]["doc_id"]})
     assert len(page["text"]) <= 300
+
+
+def test_real_clock_charges_measured_time():
+    spec = _crashing_env().spec
+    env = SqliteEnvironment(spec, limits=Limits(clock="real", latency_budget_s=1e-9))
+    episode = env.reset(env.scenarios("train")[0])
+    assert reply(episode, "bump", {}) == {"n": 1}  # runs: the real cost is known only afterwards
+    elapsed = episode.metrics()["env_elapsed_s"]
+    assert 0.0 < elapsed != 1.0  # measured, not the declared 1.0 s
+    assert episode.done
+    assert reply(episode, "bump", {})["error"] == "budget_exhausted"

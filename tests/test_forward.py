@@ -150,3 +150,39 @@ def test_packed_batch_refuses_attention_without_4d_masks(tiny_model_dir):
     batch = pack_batches(_sequences(m.config.vocab_size), max_tokens=20)[0]
     with pytest.raises(ValueError, match="packed batches need attn_implementation"):
         token_logprobs(m, batch)
+
+
+def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir):
+    """Computing a group's prompt once gives the same logprobs and LoRA gradients as B full forwards."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grooves.forward import shared_prefix_logprobs
+    from grooves.tokenize import TrainSequence
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    prompt = [5, 17, 33, 8, 91, 12]
+    seqs = []
+    for i, completion in enumerate([[40, 41, 2], [50, 51, 52, 53, 2], [60, 2]]):
+        ids = prompt + completion
+        mask = [False] * len(prompt) + [True] * len(completion)
+        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), advantage=float(i) - 1.0, group_id=0, prompt_len=len(prompt)))
+    batch = pad_batch(seqs)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        lp, ent = fn()
+        loss = (lp * batch.advantages * batch.sampled_mask).sum()
+        loss.backward()
+        return lp.detach(), ent, [p.grad.clone() for p in params]
+
+    lp_full, ent_full, g_full = loss_and_grads(lambda: token_logprobs(model, batch))
+    lp_pre, ent_pre, g_pre = loss_and_grads(lambda: shared_prefix_logprobs(model, batch, len(prompt)))
+    m = batch.sampled_mask
+    assert (lp_full[m] - lp_pre[m]).abs().max() < 1e-5
+    assert (ent_full[m] - ent_pre[m]).abs().max() < 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(g_full, g_pre, strict=True)) < 1e-5
+    assert any(float(g.abs().max()) > 0 for g in g_pre)

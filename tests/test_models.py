@@ -16,7 +16,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
-from grooves.models import ALIASES, ModelError, convert_gguf, ensure_model, fetch_model, resolve_model, verify_model
+from grooves.models import (
+    ALIASES,
+    ModelError,
+    convert_gguf,
+    ensure_model,
+    fetch_model,
+    resolve_model,
+    verify_model,
+)
 from grooves.testing import build_tiny_model_dir
 
 MEMBER = "tiny_pkg/Tiny.F32.gguf"

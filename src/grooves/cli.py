@@ -14,7 +14,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train small 
 
 # sub-command groups (one line each)
 app.add_typer(report_cli.app)
-from grooves.policy import cli as policy_cli  # noqa: E402
+from grooves.policy import cli as policy_cli  # noqa: E402, I001
 app.command("serve")(policy_cli.serve_command)
 app.add_typer(policy_cli.models_app, name="models")
 from grooves.judge import cli as judge_cli  # noqa: E402

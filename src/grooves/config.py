@@ -90,6 +90,9 @@ class OptimConfig(_Section):
     """Max global grad norm. RL gradients spike when a group's advantages are large."""
     micro_batch_tokens: int = Field(4096, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    share_prefix: bool = True
+    """Run a group's shared prompt once per micro-batch and its completions on top of its KV cache
+    (same gradient as separate forwards, a fraction of the tokens). Falls back to `packing`."""
     packing: bool = True
     """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
 

@@ -43,6 +43,16 @@ def token_logprobs(
     ).logits  # [B, T, V]
     predicting = logits[:, :-1]  # [B, T-1, V]: position t-1 predicts token t
     targets = batch.input_ids[:, 1:]  # [B, T-1]
+    lp, entropy = _logprobs_of(predicting, targets, temperature, chunk_size, lead=1)  # [B, T]
+    starts = batch.position_ids == 0  # [B, T]: a packed row's next sequence is not predicted by the previous one
+    return lp.masked_fill(starts, 0.0), entropy.masked_fill(starts, 0.0)
+
+
+def _logprobs_of(
+    predicting: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int, lead: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs/entropies of `targets` [B, S] under `predicting` [B, S, V], chunked over S, with
+    `lead` zero columns in front (positions nothing here predicts)."""
     lp_parts, ent_parts = [], []
     for start in range(0, targets.shape[1], chunk_size):
         chunk = predicting[:, start : start + chunk_size]  # [B, c, V]
@@ -53,11 +63,41 @@ def token_logprobs(
             lp_c, ent_c = _chunk_logprobs(chunk, tgt, temperature)
         lp_parts.append(lp_c)
         ent_parts.append(ent_c)
-    zeros = torch.zeros(logits.shape[0], 1, dtype=torch.float32, device=logits.device)  # [B, 1]
-    lp = torch.cat([zeros, *lp_parts], dim=1)  # [B, T]
-    entropy = torch.cat([zeros, *ent_parts], dim=1)  # [B, T]
-    starts = batch.position_ids == 0  # [B, T]: a packed row's next sequence is not predicted by the previous one
-    return lp.masked_fill(starts, 0.0), entropy.masked_fill(starts, 0.0)
+    zeros = torch.zeros(targets.shape[0], lead, dtype=torch.float32, device=targets.device)  # [B, lead]
+    return torch.cat([zeros, *lp_parts], dim=1), torch.cat([zeros, *ent_parts], dim=1)
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, prefix_len: int, temperature: float = 1.0, *, chunk_size: int = 512
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` for a padded batch whose rows all start with the same `prefix_len` tokens
+    (a GRPO group's prompt), computing that prefix once instead of once per row.
+
+    The prefix runs as a [1, P] forward whose KV cache is repeated for the B rows; the suffixes
+    then run as [B, T - P] on top of it. Gradients flow through the shared cache, so the LoRA
+    weights get exactly the gradient of B separate full forwards, for P + B (T - P) tokens of
+    compute instead of B T. Returns lp and entropy [B, T] in the same layout as `token_logprobs`
+    (0 on prefix positions, which are never sampled).
+    """
+    if batch.attention_mask.ndim != 2:
+        raise ValueError("shared_prefix_logprobs needs a padded batch (pad_batch), not a packed one")
+    rows, width = batch.input_ids.shape
+    if not 0 < prefix_len < width:
+        raise ValueError(f"prefix_len must be in 1..{width - 1}, got {prefix_len}")
+    embed = model.get_input_embeddings().weight
+    batch = batch.to(embed.device)
+    prefix = batch.input_ids[:1, :prefix_len]  # [1, P]
+    if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):
+        raise ValueError("rows of the batch do not share their first prefix_len tokens")
+    head = model(input_ids=prefix, use_cache=True)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...], differentiable
+    suffix = batch.input_ids[:, prefix_len:]  # [B, S]
+    mask = torch.cat([batch.attention_mask.new_ones(rows, prefix_len), batch.attention_mask[:, prefix_len:]], dim=1)
+    positions = torch.arange(prefix_len, width, device=suffix.device).expand(rows, -1)  # [B, S]
+    tail = model(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    predicting = torch.cat([head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], dim=1)  # [B, S, V]
+    return _logprobs_of(predicting, suffix, temperature, chunk_size, lead=prefix_len)
 
 
 def _chunk_logprobs(

@@ -39,14 +39,14 @@ import torch
 from grooves.advantage import group_advantages
 from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from grooves.config import RunConfig, dump_config
-from grooves.forward import token_logprobs
+from grooves.forward import shared_prefix_logprobs, token_logprobs
 from grooves.loss import compute_loss
 from grooves.policy.handle import ModelHandle
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 from grooves.runlog import RunLog
 from grooves.server import inprocess_client
 from grooves.tasks import Task, load_task
-from grooves.tokenize import TrainSequence, pack_batches, pad_batch, prefix_breaks, trajectory_to_sequences
+from grooves.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch, prefix_breaks, trajectory_to_sequences
 from grooves.trajectory import TrajectoryGroup, gather
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[dict[str, float]]]
@@ -129,26 +129,75 @@ def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list
     return seqs, stats
 
 
+MIN_SHARED_PREFIX = 8
+"""Below this many shared tokens, computing a prefix once is not worth a separate forward."""
+
+
+def _common_prefix(seqs: Sequence[TrainSequence]) -> int:
+    first = seqs[0].input_ids
+    n = min(len(s) for s in seqs) - 1  # at least one token of each row stays in the suffix
+    for s in seqs[1:]:
+        ids = s.input_ids
+        i = 0
+        while i < n and ids[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+def micro_batches(seqs: list[TrainSequence], opt, pad: int) -> list[tuple[TrainBatch, int]]:
+    """(batch, shared prefix length or 0) pairs of at most ~`micro_batch_tokens` tokens each.
+
+    With `share_prefix`, each group's sequences go together so their prompt is computed once;
+    sequences without a worthwhile common prefix are packed (or padded) as usual.
+    """
+    out: list[tuple[TrainBatch, int]] = []
+    rest: list[TrainSequence] = []
+    if opt.share_prefix:
+        by_group: dict[int, list[TrainSequence]] = {}
+        for s in seqs:
+            by_group.setdefault(s.group_id, []).append(s)
+        for members in by_group.values():
+            prefix = _common_prefix(members) if len(members) > 1 else 0
+            if prefix < MIN_SHARED_PREFIX:
+                rest.extend(members)
+                continue
+            suffix = max(len(s) for s in members) - prefix
+            per = max(1, (opt.micro_batch_tokens - prefix) // max(suffix, 1))
+            for i in range(0, len(members), per):
+                out.append((pad_batch(members[i : i + per], pad_token_id=pad), prefix))
+    else:
+        rest = list(seqs)
+    if rest and opt.packing:
+        out.extend((b, 0) for b in pack_batches(rest, opt.micro_batch_tokens, pad_token_id=pad))
+    elif rest:
+        width = max(len(s) for s in rest)
+        per = max(1, opt.micro_batch_tokens // width)
+        out.extend((pad_batch(rest[i : i + per], pad_token_id=pad), 0) for i in range(0, len(rest), per))
+    return out
+
+
+def _logprobs(model, batch: TrainBatch, prefix_len: int, temperature: float):
+    if prefix_len:
+        return shared_prefix_logprobs(model, batch, prefix_len, temperature)
+    return token_logprobs(model, batch, temperature)
+
+
 def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches."""
     model, alg, opt = policy.model, config.algorithm, config.optim
-    pad = policy.tokenizer.pad_token_id or 0
-    if opt.packing:
-        batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=pad)
-    else:
-        width = max(len(s) for s in seqs)
-        per = max(1, opt.micro_batch_tokens // width)
-        batches = [pad_batch(seqs[i : i + per], pad_token_id=pad) for i in range(0, len(seqs), per)]
+    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
     num_tokens = sum(s.num_sampled for s in seqs)
+    temperature = config.rollout.temperature
     totals: dict[str, float] = {}
     with policy.lock:
         model.train()
-        for batch in batches:
-            lp, entropy = token_logprobs(model, batch, config.rollout.temperature)  # [B, T]
+        for batch, prefix_len in batches:
+            lp, entropy = _logprobs(model, batch, prefix_len, temperature)  # [B, T]
             lp_ref = None
             if alg.kl_beta > 0:
                 with torch.no_grad(), model.disable_adapter():
-                    lp_ref, _ = token_logprobs(model, batch, config.rollout.temperature)
+                    lp_ref, _ = _logprobs(model, batch, prefix_len, temperature)
             loss, stats = compute_loss(
                 lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
                 policy_loss=alg.loss, eps_low=alg.eps_low, eps_high=alg.eps_high,

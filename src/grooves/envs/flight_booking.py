@@ -281,7 +281,8 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
 
 def grade(g: GradeInput) -> Grade:
     """Bookings: 0.6 right flight confirmed + 0.2 no stray holds + 0.2 answer names it.
-    Changes: like a booking when allowed; when not, 0.4 untouched + named, 0.6 reason given.
+    Changes: like a booking when allowed; when not, gated on having looked the booking up,
+    0.4 untouched + named, 0.6 reason given.
     Any change to another traveller's booking zeroes the score."""
     exp, before, after = g.scenario["expected"], g.seed.connection, g.state.conn
     changed = changed_keys(before, after, "bookings", "id")
@@ -293,13 +294,19 @@ def grade(g: GradeInput) -> Grade:
         stray = sorted(changed - {bid})
         if exp["flight_id"] is not None:
             ok = rows.get(bid) is not None and rows[bid][1] == exp["flight_id"]
-            parts = {"booking": float(ok), "clean": float(ok and not stray), "answer": float(mentions(g.answer, bid))}
+            # The booking id is in the prompt: naming it earns credit only once the change is made.
+            parts = {"booking": float(ok), "clean": float(ok and not stray),
+                     "answer": float(ok and mentions(g.answer, bid))}
             score = 0.6 * parts["booking"] + 0.2 * parts["clean"] + 0.2 * parts["answer"]
         else:
             words = ["basic"] if exp["reason"] == "basic" else ["cost", "more than", "exceed", "limit", "expensive"]
-            parts = {"booking": float(bid not in changed and mentions(g.answer, bid)), "clean": float(not stray),
-                     "answer": float(mentions_any(g.answer, words))}
-            score = 0.4 * parts["booking"] + 0.6 * parts["answer"]
+            # The prompt names the booking and the limit, so a blind refusal could parrot both:
+            # a decline only counts after the agent looked the booking up or quoted the change.
+            checked = any(name in ("get_booking", "quote_change") and str(args.get("booking_id", "")).upper() == bid
+                          for name, args in g.calls)
+            parts = {"checked": float(checked), "booking": float(bid not in changed and mentions(g.answer, bid)),
+                     "clean": float(not stray), "answer": float(mentions_any(g.answer, words))}
+            score = parts["checked"] * (0.4 * parts["booking"] + 0.6 * parts["answer"])
     else:
         mine = [k for k, r in rows.items() if r is not None and r[0] == exp["passenger_id"]]
         booked = [k for k in mine if rows[k][2] == "booked"]

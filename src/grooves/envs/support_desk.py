@@ -236,7 +236,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
         """SELECT o.id, c.name, c.email, p.name FROM orders o JOIN customers c ON c.id = o.customer_id
            JOIN products p ON p.id = o.product_id GROUP BY o.customer_id, o.product_id HAVING count(*) = 1
            ORDER BY o.id""").fetchall()
-    products = conn.execute("SELECT name, stock, warranty_days FROM products ORDER BY id").fetchall()
+    products = conn.execute("SELECT name, stock, warranty_days, id FROM products ORDER BY id").fetchall()
     pools: dict[tuple[str, bool], list[tuple[Any, ...]]] = {}
     for order_id, cname, email, product in pairs:
         facts = order_facts(conn, order_id)
@@ -246,12 +246,13 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
     for _ in range(count):
         kind = rng.choices(["refund", "replace", "question"], [2, 2, 1])[0]
         if kind == "question":
-            name, stock, warranty = rng.choice(products)
+            name, stock, warranty, pid = rng.choice(products)
             field, number = rng.choice([("stock", stock), ("warranty_days", warranty)])
             ask = "How many units of the {} do you have in stock right now?" if field == "stock" else \
                 "What is the warranty period, in days, of the {}?"
             out.append({"prompt": ask.format(name), "product": name,
-                        "expected": {"kind": kind, "action": "none", "field": field, "number": number}})
+                        "expected": {"kind": kind, "action": "none", "field": field, "number": number,
+                                     "product_id": pid}})
             continue
         # Half the requests are allowed by policy, half not, so both behaviours are learned.
         order_id, cname, email, product, facts, blocker = rng.choice(pools[(kind, rng.random() < 0.5)])
@@ -272,6 +273,7 @@ def grade(g: GradeInput) -> Grade:
     """policy x truthful (gates) x (action 0.6 + answer 0.4); questions score on the answer alone.
 
     Declines weigh the answer more (0.4 / 0.6): explaining the reason is the work there.
+    Questions count only after a `get_product` call for the product asked about.
 
     action: the database holds exactly the expected remedy, or none when the request must be
     declined (and then the answer must name the order, so silence earns nothing).
@@ -288,9 +290,12 @@ def grade(g: GradeInput) -> Grade:
     policy = 0.0 if violations else 1.0
     notes += [f"out of policy: {v}" for v in violations]
     if exp["kind"] == "question":
+        # Stock and warranty take few values, so a guess is often right: only an answer given
+        # after looking the product up counts.
+        checked = any(n == "get_product" and a.get("product_id") == exp["product_id"] for n, a in g.calls)
         answered = states_number(answer, exp["number"])
-        parts = {"policy": policy, "action": float(not actions), "answer": float(answered)}
-        return Grade(score=policy * parts["answer"], parts=parts, notes=notes)
+        parts = {"policy": policy, "checked": float(checked), "action": float(not actions), "answer": float(answered)}
+        return Grade(score=policy * parts["checked"] * parts["answer"], parts=parts, notes=notes)
     order_id = exp["order_id"]
     if exp["action"] == "none":
         action = not actions and mentions(answer, order_id)

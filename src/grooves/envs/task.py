@@ -68,7 +68,8 @@ class TaskSpec:
     grade: Callable[[GradeInput], Grade]
     gold: Solver
     bad: Callable[[Scenario], list[Solver]]
-    """Known-bad solvers for a scenario (besides the empty answer, which is always tried)."""
+    """Known-bad solvers for a scenario (besides the empty answer and an echo of the prompt,
+    which are always tried)."""
     limits: Limits = Limits()
 
 
@@ -126,7 +127,12 @@ class SqliteEnvironment:
         return LocalEpisode(self, trusted, state)
 
     def validate(self, splits: Sequence[Split] = SPLITS, bad_threshold: float = 0.5) -> ValidationReport:
-        """Play the gold solver (must score 1.0) and every bad solver (must score <= threshold)."""
+        """Play the gold solver (must score 1.0) and every bad solver (must score <= threshold).
+
+        Besides each environment's own bad solvers, two are always tried: an empty answer, and
+        an answer that repeats the prompt with no tool calls (a grader that credits ids or
+        words the request itself contains would reward parroting).
+        """
         gold_scores, bad_scores, failures = [], [], []
         scenarios = [s for split in splits for s in self.scenarios(split)]
         for sc in scenarios:
@@ -134,7 +140,7 @@ class SqliteEnvironment:
             gold_scores.append(gold.score)
             if gold.score < 1.0:
                 failures.append(f"{sc['id']}: gold scored {gold.score:.3f} ({'; '.join(gold.notes)})")
-            for i, solver in enumerate([_empty_answer, *self.spec.bad(sc)]):
+            for i, solver in enumerate([_empty_answer, _echo_prompt, *self.spec.bad(sc)]):
                 bad = _score(self, sc, solver)
                 bad_scores.append(bad.score)
                 if bad.score > bad_threshold:
@@ -147,6 +153,11 @@ class SqliteEnvironment:
 
 def _empty_answer(scenario: Scenario, call: Call) -> str:
     return ""
+
+
+def _echo_prompt(scenario: Scenario, call: Call) -> str:
+    """Repeat the request: whatever the prompt names (ids, limits) must not earn credit alone."""
+    return f"{scenario['prompt']} Done: that is not possible, it has been handled and confirmed."
 
 
 def _score(env: SqliteEnvironment, scenario: Scenario, solver: Solver) -> Grade:

@@ -63,7 +63,7 @@ def extremes(records: Sequence[ScoreRecord], k: int) -> tuple[list[ScoreRecord],
 
 def side_of(record: ScoreRecord, records: Sequence[ScoreRecord]) -> Side:
     """"top" when the record's score is at or above the median score of the file, else "bottom"."""
-    median = statistics.median(r.score for r in valid(records))
+    median = statistics.median(float(r.score) for r in records if r.score is not None)
     return "top" if (record.score or 0.0) >= median else "bottom"
 
 

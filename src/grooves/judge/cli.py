@@ -86,10 +86,11 @@ def score(
     no_cache: bool = typer.Option(False, help="Do not read or write the cache."),
     concurrency: int = typer.Option(8, min=1, help="Requests in flight at once."),
     timeout: float = typer.Option(60.0, min=0.001, help="Per-request timeout in seconds."),
+    max_tokens: int = typer.Option(1024, min=16, help="Longest judge reply; group mode needs room for N reasons."),
 ) -> None:
     """Score a batch of outputs with a rubric; write one record per item."""
     settings: dict[str, object] = {"base_url": base_url, "model": model, "api_key": api_key,
-                                   "concurrency": concurrency, "timeout_s": timeout}
+                                   "concurrency": concurrency, "timeout_s": timeout, "max_tokens": max_tokens}
     if no_cache or cache is not None:
         settings["cache_path"] = None if no_cache else cache
     try:

@@ -12,7 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grooves.models import ALIASES, DEFAULT_MODEL, ModelError, ensure_model, fetch_model, grooves_home, verify_model
+from grooves.models import (
+    ALIASES,
+    DEFAULT_MODEL,
+    ModelError,
+    ensure_model,
+    fetch_model,
+    grooves_home,
+    verify_model,
+)
 
 console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
 err = Console(stderr=True, soft_wrap=True)

@@ -92,10 +92,14 @@ def sample(
         raise ValueError("prompts and params must have the same length")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
+    # identical prompts (a group's rollouts sent as separate requests) are prefilled once
+    unique: dict[tuple[int, ...], int] = {}
+    slot = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+    distinct = [list(p) for p in unique]
+    width = max(len(p) for p in distinct)
+    ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(distinct), width), dtype=torch.long)
+    for i, p in enumerate(distinct):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
@@ -111,7 +115,7 @@ def sample(
         for k in range(p.n):
             g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
             rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g))
-            expand.append(i)
+            expand.append(slot[i])
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]

@@ -14,6 +14,11 @@ $(BIN)/grooves: pyproject.toml
 
 setup: $(BIN)/grooves
 
+demo: setup
+	$(BIN)/grooves models fetch
+	$(BIN)/grooves train examples/capitals.toml
+	$(BIN)/grooves report runs/capitals
+
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q

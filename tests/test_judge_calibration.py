@@ -149,8 +149,9 @@ def test_compare_reports_rubric_and_person_agreement(files):
     assert expected.n == 10 and expected.mean_abs_diff == pytest.approx((0.4 + 0.5) / 10)
     assert f"{expected.pearson:.3f}" in out and f"{expected.spearman:.3f}" in out and "0.090" in out
     # labels: i9 i8 good, i7 bad, i0 bad, i1 good, i2 bad. v1 (score >= 0.5) gets 4 of 6; v2 moved i7 down, i1 up.
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"numbers@(\d)#\w+\s*│\s*6\s*│\s*([\d.]+)", out)}
-    assert rows == {"1": "0.667", "2": "1.000"}
+    assert re.search(r"A = numbers@1#\w{12}", out) and re.search(r"B = numbers@2#\w{12}", out)
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"│ ([AB])\s*│\s*6\s*│\s*([\d.]+)", out)}
+    assert rows == {"A": "0.667", "B": "1.000"}
     page = (files / "compare.html").read_text()
     assert page.index(">i1<") < page.index(">i3<")  # largest disagreement listed first
 

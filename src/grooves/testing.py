@@ -77,7 +77,7 @@ def build_tiny_model_dir(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=1024,
+        max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,

@@ -13,7 +13,7 @@ rollout loop runs them in a worker thread so a slow or remote step never blocks 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -203,17 +203,3 @@ class ValidationReport(BaseModel):
             f"max bad {worst_bad:.3f} (threshold {self.bad_threshold}): {verdict}"
         )
 
-
-@dataclass
-class Counters:
-    """Per-episode tool statistics, reported as trajectory metrics."""
-
-    tool_calls: int = 0
-    tool_errors: int = 0
-    by_error: dict[str, int] = field(default_factory=dict)
-
-    def count(self, error: str | None) -> None:
-        self.tool_calls += 1
-        if error is not None:
-            self.tool_errors += 1
-            self.by_error[error] = self.by_error.get(error, 0) + 1

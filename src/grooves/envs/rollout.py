@@ -16,6 +16,7 @@ import asyncio
 from typing import Any
 
 from grooves.envs.base import Environment, Episode, Scenario
+from grooves.policy.handle import ModelHandle
 from grooves.trajectory import RolloutFn, Trajectory
 
 
@@ -52,12 +53,15 @@ async def run_episode(
         )
         stop_reason, model_calls, after_budget = "max_turns", 0, False
         for _ in range(turns):
-            completion = await client.chat.completions.create(
-                model=model, messages=traj.messages, tools=traj.tools, logprobs=True,
-                temperature=temperature, max_tokens=max_tokens,
-            )
+            if isinstance(client, ModelHandle):  # the trainer's handle: run settings and reproducible seeds
+                choice = await client.complete(traj.messages, traj.tools)
+            else:
+                completion = await client.chat.completions.create(
+                    model=model, messages=traj.messages, tools=traj.tools, logprobs=True,
+                    temperature=temperature, max_tokens=max_tokens,
+                )
+                choice = completion.choices[0]
             model_calls += 1
-            choice = completion.choices[0]
             traj.add_choice(choice)
             calls = _tool_calls(choice)
             if not calls:

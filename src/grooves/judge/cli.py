@@ -42,7 +42,7 @@ from grooves.judge.html import compare_page, inspect_page
 from grooves.judge.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="LLM judges: score, inspect, compare.")
-console = Console(width=120)
+console = Console()
 
 
 class Mode(StrEnum):
@@ -51,7 +51,7 @@ class Mode(StrEnum):
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -119,7 +119,7 @@ def _print_score_summary(records: list[ScoreRecord], usage: TokenUsage, out: Pat
     console.print(table)
     for r in records:
         if r.error:
-            console.print(f"[yellow]failed[/yellow] {r.id}: {r.error}", highlight=False)
+            console.print(f"[yellow]failed[/yellow] {r.id}: {r.error}", highlight=False, soft_wrap=True)
     console.print(f"wrote {out}")
 
 
@@ -202,18 +202,19 @@ def compare(
     except (ValueError, FileNotFoundError) as exc:
         raise _fail(str(exc)) from exc
     agree = agreement(ra, rb)
-    table = Table(title="rubric agreement")
-    for col in ("A", "B", "items", "Pearson", "Spearman", "mean |A-B|"):
+    console.print(f"A = {tag_a}  ({a})\nB = {tag_b}  ({b})", highlight=False, soft_wrap=True)
+    table = Table(title="rubric agreement, items scored by both")
+    for col in ("items", "Pearson", "Spearman", "mean |A-B|"):
         table.add_column(col)
-    table.add_row(tag_a, tag_b, str(agree.n), _fmt(agree.pearson), _fmt(agree.spearman), _fmt(agree.mean_abs_diff))
+    table.add_row(str(agree.n), _fmt(agree.pearson), _fmt(agree.spearman), _fmt(agree.mean_abs_diff))
     console.print(table)
     person = None
     if marks:
         person = (person_agreement(ra, marks, threshold), person_agreement(rb, marks, threshold))
-        pt = Table(title=f"agreement with the person's verdicts (good = score >= {threshold:g})")
+        pt = Table(title=f"agreement with the person's verdicts (judged good = score >= {threshold:g})")
         for col in ("rubric", "verdicts", "agree fraction", "mean score of 'good'", "mean score of 'bad'"):
             pt.add_column(col)
-        for name, p in zip((tag_a, tag_b), person, strict=True):
+        for name, p in zip("AB", person, strict=True):
             pt.add_row(name, str(p.n), _fmt(p.agree_fraction), _fmt(p.mean_score_good), _fmt(p.mean_score_bad))
         console.print(pt)
     if html:

@@ -35,10 +35,14 @@ def _builtin(name: str):
         from grooves.tasks.toy import ToyTokensTask
 
         return ToyTokensTask
+    if name.startswith("env:"):
+        from grooves.tasks.environment import EnvironmentTask
+
+        return lambda **options: EnvironmentTask(name[4:], **options)
     return None
 
 
-BUILTIN_TASKS = ("capitals", "toy_tokens")
+BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
 
 def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:

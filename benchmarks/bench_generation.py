@@ -6,6 +6,12 @@ run to the token limit; throughput counts the tokens actually generated (up to a
 end-of-turn token), divided by wall time. Each method gets one warm-up run, then the median of
 `--runs` timed runs.
 
+On a shared machine the load changes by the minute, so the methods take turns (round r of every
+method before round r+1) instead of running back to back, and every timed call runs on a fresh
+worker thread, as the server's sampler does: on a loaded 2-core machine we saw the same sampling
+call run 5-8x slower on Python's main thread than on a worker thread, which would otherwise make
+the server row look faster than the sampler it wraps.
+
 Rows:
 - grooves sample: `TransformersPolicy.generate`, the batched KV-cache sampler (one shared prefill);
 - grooves server: the same through the OpenAI-compatible app and the `openai` client, in process;
@@ -20,6 +26,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -36,15 +43,33 @@ PROMPT = (
 )
 
 
-def _timed(fn, runs: int) -> tuple[float, int]:
-    """Median seconds and median tokens of `runs` calls after one warm-up; fn() returns tokens made."""
-    fn()
-    seconds, tokens = [], []
-    for _ in range(runs):
+def _on_worker(fn) -> tuple[float, int]:
+    """(seconds, tokens) of one call of fn, run on a new thread; fn() returns the tokens it made."""
+    out: list[tuple[float, int]] = []
+
+    def body() -> None:
         start = time.perf_counter()
-        tokens.append(fn())
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), int(statistics.median(tokens))
+        tokens = fn()
+        out.append((time.perf_counter() - start, tokens))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def _timed_rounds(fns: dict, runs: int) -> dict[str, tuple[float, int]]:
+    """Median seconds and tokens per method: one warm-up each, then `runs` interleaved rounds."""
+    for fn in fns.values():
+        _on_worker(fn)
+    samples: dict[str, list[tuple[float, int]]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            samples[name].append(_on_worker(fn))
+    return {
+        name: (statistics.median(s for s, _ in runs_), int(statistics.median(t for _, t in runs_)))
+        for name, runs_ in samples.items()
+    }
 
 
 def bench_sampler(policy, prompt_ids, n, max_tokens, temperature):
@@ -103,7 +128,9 @@ def main() -> None:
         "grooves server (openai client)": bench_server(policy, args.n, args.max_tokens, args.temperature),
         "transformers generate": bench_generate(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
     }
-    results = {name: _timed(fn, args.runs) for name, fn in rows.items()}
+    load_before = os.getloadavg()[0]
+    results = _timed_rounds(rows, args.runs)
+    load_after = os.getloadavg()[0]
     base = results["transformers generate"][1] / results["transformers generate"][0]
 
     table = Table(title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
@@ -113,6 +140,7 @@ def main() -> None:
     for name, (sec, tok) in results.items():
         table.add_row(name, str(tok), f"{sec:.2f}", f"{tok / sec:.1f}", f"{tok / sec / base:.2f}x")
     Console().print(table)
+    print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ on at `--hack-step`; "detected" means the expected detector fired at or after th
 
     .venv/bin/python benchmarks/bench_watch_fpr.py              # 200 healthy, 40 per hack
     .venv/bin/python benchmarks/bench_watch_fpr.py --healthy 100 --steps 300 --hacked 0
+    .venv/bin/python benchmarks/bench_watch_fpr.py --min-t 2.0       # the divergence test's trade-off
 """
 
 from __future__ import annotations
@@ -75,8 +76,12 @@ def main() -> None:
     parser.add_argument("--hacked", type=int, default=40, help="runs per hack")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--hack-step", type=int, default=50)
+    parser.add_argument("--min-t", type=float, default=None, help="override check_divergence.min_t")
     args = parser.parse_args()
     config = WatchConfig(echo=False)
+    if args.min_t is not None:
+        config.check_divergence.min_t = args.min_t
+        print(f"check_divergence.min_t = {args.min_t}")
     t0 = time.perf_counter()
     if args.healthy:
         healthy_table(args.healthy, args.steps, config)

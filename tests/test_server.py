@@ -270,10 +270,11 @@ BAD_REQUESTS = {
         {**BASE, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]}]}, 400,
         "messages.0.tool_calls.0.function", None,
     ),
-    "prompt too long": (
-        {**BASE, "messages": [{"role": "user", "content": "hello " * 2000}]}, 400, "messages", "context_length_exceeded",
+    "prompt too long": (  # "hello " is at least one token
+        lambda policy: {**BASE, "messages": [{"role": "user", "content": "hello " * policy.max_context}]},
+        400, "messages", "context_length_exceeded",
     ),
-    "max_tokens past context": ({**BASE, "max_tokens": 5000}, 400, "messages", "context_length_exceeded"),
+    "max_tokens past context": (lambda policy: {**BASE, "max_tokens": policy.max_context}, 400, "messages", "context_length_exceeded"),
     "n too large": ({**BASE, "n": 17}, 400, "n", None),
     "n zero": ({**BASE, "n": 0}, 400, "n", None),
     "temperature too high": ({**BASE, "temperature": 3}, 400, "temperature", None),
@@ -288,8 +289,9 @@ BAD_REQUESTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
-def test_bad_input_is_a_4xx_json_error_naming_the_field(app, case):
+def test_bad_input_is_a_4xx_json_error_naming_the_field(policy, app, case):
     body, status, param, code = BAD_REQUESTS[case]
+    body = body(policy) if callable(body) else body  # cases sized by the model's context
     resp = TestClient(app, raise_server_exceptions=False).post("/v1/chat/completions", json=body)
     assert resp.status_code == status
     error = resp.json()["error"]

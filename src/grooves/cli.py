@@ -17,7 +17,7 @@ app.add_typer(report_cli.app)
 from grooves.policy import cli as policy_cli  # noqa: E402, I001
 app.command("serve")(policy_cli.serve_command)
 app.add_typer(policy_cli.models_app, name="models")
-from grooves.judge import cli as judge_cli  # noqa: E402
+from grooves.judge import cli as judge_cli  # noqa: E402, I001
 app.add_typer(judge_cli.app, name="judge")
 from grooves.envs import cli as env_cli  # noqa: E402
 app.add_typer(env_cli.app, name="env")

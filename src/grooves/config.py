@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grooves.watch.config import WatchConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -131,6 +133,8 @@ class RunConfig(_Section):
     optim: OptimConfig = OptimConfig()
     validation: ValidationConfig = ValidationConfig()
     logging: LoggingConfig = LoggingConfig()
+    watch: WatchConfig = WatchConfig()
+    """Reward-hacking detectors and inspection pages (see grooves.watch)."""
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -49,9 +49,10 @@ from grooves.tasks import Task, load_task
 from grooves.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch, prefix_breaks, trajectory_to_sequences
 from grooves.trajectory import TrajectoryGroup, gather
 
-GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[dict[str, float]]]
+GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
 """Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
-and returns metrics to log (e.g. judge tokens)."""
+and returns metrics to log (a dict, or an object with `.metrics()` such as
+`rewards.Composite.score_groups`'s result), e.g. judge tokens per step."""
 
 StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, Any] | None]
 """Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
@@ -296,6 +297,10 @@ async def run(
         log.log({"step": 0, **val_metrics})
         log.samples(0, val_groups, name="validation")
 
+    watch = _start_watch(config, run_dir)
+    if watch is not None:
+        observers = [*observers, watch.observe_step]
+
     bar = _step_bar(config, state.step)
     last = min(config.steps, stop_after) if stop_after is not None else config.steps
     while state.step < last:
@@ -308,7 +313,7 @@ async def run(
             progress=config.logging.progress, description=f"step {step} rollouts", seed_key=(step,),
         )  # fmt: skip
         t_rollout = time.perf_counter()
-        score_metrics = await score(groups) if score is not None else {}
+        score_metrics = _as_metrics(await score(groups)) if score is not None else {}
         t_score = time.perf_counter()
 
         _check_on_policy(groups, policy.adapter_version)
@@ -339,9 +344,47 @@ async def run(
         log.plot()
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
+        if watch is not None and watch.should_pause:
+            save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
+            print(f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume", flush=True)
+            break
     bar.close()
     await client.close()
+    _write_report(run_dir)
     return run_dir
+
+
+class _WatchObserver:
+    def __init__(self, watch):
+        self.watch = watch
+
+    @property
+    def should_pause(self) -> bool:
+        return self.watch.should_pause
+
+    def observe_step(self, step: int, metrics: dict[str, Any], groups: list[TrajectoryGroup]) -> dict[str, Any]:
+        self.watch.observe(step, metrics, groups)
+        return dict(self.watch.stats)
+
+
+def _start_watch(config: RunConfig, run_dir: Path) -> _WatchObserver | None:
+    if not config.watch.enabled:
+        return None
+    from grooves.watch import Watch
+
+    return _WatchObserver(Watch(config.watch, run_dir=run_dir))
+
+
+def _write_report(run_dir: Path) -> None:
+    from grooves.report.write import write_report
+
+    write_report(run_dir)
+
+
+def _as_metrics(result: Any) -> dict[str, float]:
+    if result is None:
+        return {}
+    return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
 
 
 def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:

@@ -28,21 +28,11 @@ def report(
     random: int = typer.Option(4, min=0, help="Random outputs shown per sample step."),
 ) -> None:
     """One self-contained HTML page: reward curves per signal, the watch's findings on the timeline, samples, config."""
-    from grooves.report.html import report_page
-    from grooves.report.rundir import load_run
-    from grooves.report.rundir import rewatch as run_watch
+    from grooves.report.write import write_report
 
     try:
-        run = load_run(run_dir)
+        _, summary = write_report(run_dir, out, rewatch=rewatch, sample_steps=sample_steps, picks=(best, worst, random))
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    findings, watch_rows = run_watch(run) if rewatch else (run.findings, run.watch_stats)
-    path = out or run_dir / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = report_page(
-        run, findings, watch_rows, sample_steps=sample_steps, picks=(best, worst, random), links_from=path.parent
-    )
-    path.write_text(text, encoding="utf-8")
-    images = text.count("data:image/png;base64,")
-    typer.echo(f"wrote {path}: {len(run.metrics)} steps, {len(findings)} findings, {images} figures")
+    typer.echo(summary)

@@ -124,9 +124,9 @@ class CheckDivergenceConfig(_Section):
     """Trailing check points compared; checks are sparse (every validation), so this spans many steps.
     Longer windows dilute a recent divergence with the healthy points before it."""
     min_t: float = Field(2.5, gt=0)
-    """Both trends must be this many standard errors from flat (OLS slope t-statistic). On 200 healthy
-    300-step synthetic runs (window 6), 2.0 raised false alarms in 6.0% of runs and 2.5 in 2.5%, while
-    catching 90% vs 85% of divergences within 50 steps; lower it when checks are measured often."""
+    """Both trends must be this many standard errors from flat (OLS slope t-statistic). In
+    benchmarks/bench_watch_fpr.py, 2.0 caught 95% of divergences but raised false alarms in 5% of
+    healthy 300-step runs; 2.5 caught 85% with 1% false alarms."""
     max_correlation: float = Field(-0.5, ge=-1, le=1)
     """And the reward and check must correlate at most this much over the window."""
     severity: Severity = "critical"
@@ -146,6 +146,9 @@ class InspectConfig(_Section):
 
 class WatchConfig(_Section):
     """The `[watch]` table of a run file."""
+
+    enabled: bool = True
+    """Run the detectors every step (cheap: text statistics over the step's outputs)."""
 
     input_keys: list[str] | None = None
     """Scenario fields that are the input (e.g. ["body"]); default: every string in the scenario,

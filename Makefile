@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-slow bench lint clean
+.PHONY: setup demo hn-demo test test-slow bench bench-trl lint clean
 
 $(BIN)/grooves: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,12 +19,20 @@ demo: setup
 	$(BIN)/grooves train examples/capitals.toml
 	$(BIN)/grooves report runs/capitals
 
+hn-demo: setup
+	$(BIN)/grooves models fetch
+	$(BIN)/python examples/hn_titles/run_demo.py
+
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
+
+bench-trl: setup
+	bash benchmarks/setup_trl_env.sh
+	$(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --json runs/bench_grpo_step.json
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

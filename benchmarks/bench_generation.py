@@ -58,18 +58,15 @@ def _on_worker(fn) -> tuple[float, int]:
     return out[0]
 
 
-def _timed_rounds(fns: dict, runs: int) -> dict[str, tuple[float, int]]:
-    """Median seconds and tokens per method: one warm-up each, then `runs` interleaved rounds."""
+def _timed_rounds(fns: dict, runs: int) -> dict[str, list[tuple[float, int]]]:
+    """(seconds, tokens) of each timed run per method: one warm-up each, then `runs` interleaved rounds."""
     for fn in fns.values():
         _on_worker(fn)
     samples: dict[str, list[tuple[float, int]]] = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
             samples[name].append(_on_worker(fn))
-    return {
-        name: (statistics.median(s for s, _ in runs_), int(statistics.median(t for _, t in runs_)))
-        for name, runs_ in samples.items()
-    }
+    return samples
 
 
 def bench_sampler(policy, prompt_ids, n, max_tokens, temperature):
@@ -131,14 +128,19 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     results = _timed_rounds(rows, args.runs)
     load_after = os.getloadavg()[0]
-    base = results["transformers generate"][1] / results["transformers generate"][0]
+    medians = {
+        name: (statistics.median(s for s, _ in runs), int(statistics.median(t for _, t in runs)))
+        for name, runs in results.items()
+    }
+    base = medians["transformers generate"][1] / medians["transformers generate"][0]
 
     table = Table(title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
                         f"{args.threads} threads, median of {args.runs}")
-    for col in ("method", "tokens", "seconds", "tokens/s", "vs generate"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for name, (sec, tok) in results.items():
-        table.add_row(name, str(tok), f"{sec:.2f}", f"{tok / sec:.1f}", f"{tok / sec / base:.2f}x")
+    for col in ("method", "tokens", "median s", "tokens/s", "vs generate", "each run s"):
+        table.add_column(col, justify="left" if col in ("method", "each run s") else "right")
+    for name, (sec, tok) in medians.items():
+        each = " ".join(f"{s:.2f}" for s, _ in results[name])  # spread shows how much the shared machine interfered
+        table.add_row(name, str(tok), f"{sec:.2f}", f"{tok / sec:.1f}", f"{tok / sec / base:.2f}x", each)
     Console().print(table)
     print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores)")
 

@@ -11,8 +11,8 @@ Everything before it (chat template, `generate`, rewards, advantages) is "genera
 grooves' rollout phase; from it to `on_step_end` (forward, backward, optimizer step) is "training".
 TRL's own profiling timers only report to wandb / mlflow / trackio, so they are not used.
 
-Settings that differ from TRL's defaults, each to do the same work as grooves: float32 instead of
-bf16 autocast, no gradient checkpointing, lr 5e-5 with a constant schedule, adam beta2 0.99,
+Settings that differ from TRL's defaults, each to do the same work as grooves: on CPU float32
+instead of bf16 autocast (on a GPU both run bf16), no gradient checkpointing, lr 5e-5 with a constant schedule, adam beta2 0.99,
 clip range 0.2 / 0.28 with token-level ("dapo") aggregation, beta 0 (no reference model), no
 dataset shuffling (step k uses prompt k in both frameworks).
 """
@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--use-vllm", action="store_true", help="sample with vLLM in colocate mode (GPU only)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -95,11 +98,13 @@ def main() -> None:
     scenarios = load_scenarios(args.scenarios)
     dataset = Dataset.from_list([{"prompt": messages(s["country"]), "capital": s["capital"]} for s in scenarios])
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-trl-"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+        output_dir=tempfile.mkdtemp(prefix="grpo-trl-"), use_cpu=args.device == "cpu", bf16=args.dtype == "bfloat16",
+        gradient_checkpointing=False,
         num_generations=args.group_size, per_device_train_batch_size=args.group_size,
-        max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+        max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        use_vllm=args.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
         learning_rate=5e-5, lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         shuffle_dataset=False, max_steps=args.steps, logging_steps=1, report_to=[], save_strategy="no",

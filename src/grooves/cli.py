@@ -20,7 +20,13 @@ app.add_typer(policy_cli.models_app, name="models")
 from grooves.judge import cli as judge_cli  # noqa: E402, I001
 app.add_typer(judge_cli.app, name="judge")
 from grooves.envs import cli as env_cli  # noqa: E402
+
 app.add_typer(env_cli.app, name="env")
+from grooves.adapters import cli as adapters_cli  # noqa: E402, I001
+app.command("export")(adapters_cli.export_command)
+app.command("sft")(adapters_cli.sft_command)
+app.add_typer(adapters_cli.weights_app, name="weights")
+app.add_typer(adapters_cli.adapters_app, name="adapters")
 # end of sub-command groups
 
 

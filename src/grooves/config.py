@@ -58,6 +58,33 @@ class RolloutConfig(_Section):
     """Per-turn completion budget; also the constant normalizer of Dr. GRPO aggregation."""
     max_failure_fraction: float = Field(0.5, ge=0, le=1)
     """Stop the run if more than this fraction of a step's rollouts raise."""
+    runner: Literal["local", "ray"] = "local"
+    """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
+    ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one
+    process (or more machines); needs `pip install 'grooves[ray]'`."""
+    ray_address: str | None = None
+    """`ray.init(address=...)` for runner = "ray": unset starts a local Ray; `auto` or `ray://host:10001` joins a cluster."""
+    ray_workers: int = Field(2, ge=1)
+    """Rollout actors for runner = "ray"; each runs many rollouts at once (asyncio), so a few per machine suffice."""
+    server_host: str = "127.0.0.1"
+    """Where the policy's HTTP server listens for Ray workers: 127.0.0.1 on one machine; 0.0.0.0 on a
+    cluster (workers then call this node's IP)."""
+
+
+class VllmConfig(_Section):
+    """Settings of the vLLM backend (`model.backend = "vllm"`), unused otherwise."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
+    """Share of the GPU vLLM takes (weights + KV cache); training on the same GPU uses the rest.
+    More = larger decode batches, less room for training activations."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """0: vLLM stays resident. 1: it sleeps through each optimizer step (weights to CPU RAM, KV cache
+    freed), for models whose training needs the whole GPU; costs a weight copy each way per step.
+    2: weights dropped instead (less CPU RAM, reloaded from disk each step)."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph capture: starts ~1 min sooner, decodes slower. For short runs and tests."""
+    max_model_len: int | None = None
+    """Context length vLLM reserves KV cache for; unset: the model's. Lower it to fit more sequences."""
 
 
 class AlgorithmConfig(_Section):
@@ -103,7 +130,9 @@ class ValidationConfig(_Section):
     every: int = Field(10, ge=0)
     """Validate every K steps (0 = only before the first and after the last step)."""
     scenarios: int = Field(32, ge=1)
-    """Held-out scenarios scored per validation (one rollout each)."""
+    """Held-out scenarios scored per validation."""
+    samples: int = Field(1, ge=1)
+    """Rollouts per held-out scenario; more gives a steadier success rate for the same scenarios."""
     temperature: float = Field(0.7, ge=0, le=2)
 
 
@@ -116,6 +145,19 @@ class LoggingConfig(_Section):
     progress: bool = True
 
 
+class TaskEntry(_Section):
+    """One member of a multi-task run (see `grooves.tasks.mixture`)."""
+
+    task: str
+    """A built-in task name, `env:<environment>`, or `package.module:object`."""
+    weight: float = Field(1.0, gt=0)
+    """Relative share of the training groups; each group's task is drawn with probability weight / sum."""
+    options: dict[str, str | int | float | bool] = {}
+    """Passed to this task's constructor."""
+    name: str | None = None
+    """Name in metrics (`task/<name>/...`); default: the `task` value."""
+
+
 class RunConfig(_Section):
     name: str = "run"
     output_dir: str = "runs/run"
@@ -126,9 +168,14 @@ class RunConfig(_Section):
     """A built-in task name, or `package.module:object` for your own Task."""
     task_options: dict[str, str | int | float | bool] = {}
     """Passed to the task's constructor (e.g. a data file)."""
+    tasks: list[TaskEntry] | None = None
+    """Several tasks interleaved by weight instead of `task`, e.g.
+    [{task = "capitals", weight = 0.7}, {task = "env:support_desk", weight = 0.3}]: guards
+    against forgetting, at the cost of fewer groups per task per step. Logs task/<name>/... metrics."""
     model: ModelConfig = ModelConfig()
     lora: LoraConfig = LoraConfig()
     rollout: RolloutConfig = RolloutConfig()
+    vllm: VllmConfig = VllmConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -140,6 +187,14 @@ class RunConfig(_Section):
     def _consistent(self):
         if self.algorithm.loss != "gspo" and self.algorithm.eps_high < self.algorithm.eps_low / 2:
             raise ValueError("algorithm.eps_high is far below eps_low; clip-higher wants eps_high >= eps_low")
+        if self.tasks is not None:
+            if not self.tasks:
+                raise ValueError("tasks is empty; list at least one {task = ..., weight = ...} or use `task`")
+            if self.task != RunConfig.model_fields["task"].default or self.task_options:
+                raise ValueError("set either `task` (with task_options) or `tasks` (with per-task options), not both")
+            names = [t.name or t.task for t in self.tasks]
+            if len(set(names)) != len(names):
+                raise ValueError(f"tasks: names must be unique, got {names}; give a repeated task a `name`")
         return self
 
 

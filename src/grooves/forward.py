@@ -89,7 +89,7 @@ def shared_prefix_logprobs(
     prefix = batch.input_ids[:1, :prefix_len]  # [1, P]
     if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):
         raise ValueError("rows of the batch do not share their first prefix_len tokens")
-    head = model(input_ids=prefix, use_cache=True)
+    head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)  # only the last prefix position predicts a sampled token
     cache = head.past_key_values
     cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...], differentiable
     suffix = batch.input_ids[:, prefix_len:]  # [B, S]

@@ -67,8 +67,9 @@ class RunLog:
             steps = [r["step"] for r in train]
             mean = [r["reward_mean"] for r in train]
             std = [r.get("reward_std") or 0.0 for r in train]
-            ax.plot(steps, mean, label="train reward (mean)", color="C0")
-            ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.15, color="C0")
+            ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.08, color="C0", label="train reward ± std")
+            ax.plot(steps, mean, color="C0", alpha=0.35, linewidth=1, label="train reward (step mean)")
+            ax.plot(steps, _moving_average(mean, 5), color="C0", linewidth=2, label="train reward (5-step average)")
         if val:
             ax.plot([r["step"] for r in val], [r["val/success_rate"] for r in val], "o-", label="validation success rate", color="C1")
         ax.set_xlabel("step")
@@ -82,3 +83,12 @@ class RunLog:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (shorter at the start)."""
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(part) / len(part))
+    return out

@@ -8,7 +8,13 @@ official `openai` client. Each choice also carries the fields training needs, wh
 - `token_ids`: the sampled token ids (ending with the end-of-turn token when the model stopped);
 - `prompt_token_ids`: the exact prompt ids the policy conditioned on;
 - `sampled_logprobs`: the logprob of each sampled token (also in the standard `logprobs` field);
-- `adapter_version`: which training step's adapter produced it.
+- `adapter_version`: which training step's adapter produced it (for an extra adapter: which
+  promotion of its name);
+- `adapter_id`: which loaded adapter produced it (null: the policy's own weights).
+
+One server can serve several LoRA adapters on one base model: `/v1/models` lists every name, the
+request's `model` picks one, and `/v1/adapters` (see `grooves.adapters.admin`) loads, unloads,
+promotes and rolls them back at run time (`grooves.adapters.live` keeps swaps atomic).
 
 `inprocess_client(policy)` gives an `openai.AsyncOpenAI` that reaches this app over an in-memory
 ASGI transport: the trainer and tests use the same code path as a remote agent, without a port.
@@ -31,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from grooves.adapters.live import AdapterTable, UnknownModel
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers_policy import ContextOverflow
@@ -136,12 +143,26 @@ def _logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> d
     return {"content": content}
 
 
-def create_app(policy, *, max_n: int = 64, max_batch_rows: int = 64) -> FastAPI:
-    """The HTTP app. `policy` is a `TransformersPolicy` (or anything with its interface)."""
+def create_app(
+    policy, *, max_n: int = 64, max_batch_rows: int = 64, adapters: AdapterTable | None = None, admin: bool = True
+) -> FastAPI:
+    """The HTTP app. `policy` is a `TransformersPolicy` (or anything with its interface).
+
+    `adapters` routes model names to adapters (default: the policy's own name only); `admin`
+    mounts the /v1/adapters endpoints that change them.
+    """
+    from grooves.adapters.admin import admin_router
+    from grooves.adapters.promote import Promoter
+
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
+    adapters = adapters or AdapterTable(policy)
     app.state.policy = policy
     app.state.scheduler = scheduler
+    app.state.adapters = adapters
+    app.state.promoter = Promoter(adapters)
+    if admin:
+        app.include_router(admin_router(adapters, app.state.promoter))
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
@@ -166,12 +187,17 @@ def create_app(policy, *, max_n: int = 64, max_batch_rows: int = 64) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": policy.served_name, "object": "model", "owned_by": "grooves", "created": 0}]}
+        data = [
+            {"id": r.name, "object": "model", "owned_by": "grooves", "created": 0}
+            | ({"parent": policy.served_name, "root": r.path} if r.name != policy.served_name else {})
+            for r in adapters.routes()
+        ]
+        return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
-        if req.model != policy.served_name:
-            raise APIError(404, f"model {req.model!r} is not served here; available: [{policy.served_name!r}]", "model", "model_not_found")
+        if req.model not in adapters.names():
+            raise APIError(404, f"model {req.model!r} is not served here; available: {adapters.names()}", "model", "model_not_found")
         if req.stream:
             raise APIError(400, "stream=true is not supported; request without streaming", "stream")
         if req.n > max_n:
@@ -190,14 +216,18 @@ def create_app(policy, *, max_n: int = 64, max_batch_rows: int = 64) -> FastAPI:
         params = SamplingParams(
             n=req.n, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop or [], seed=req.seed
         )
-        version = policy.adapter_version
-        completions = await scheduler.submit(prompt_ids, params)
-        return _response(policy, req, messages, tools, prompt_ids, completions, version)
+        try:
+            with adapters.lease(req.model) as route:  # the adapter stays loaded until this request is answered
+                version = adapters.version_of(route)
+                completions = await scheduler.submit(prompt_ids, params, adapter=route.adapter_id)
+        except UnknownModel as exc:  # removed while this request was being rendered
+            raise APIError(404, str(exc), "model", "model_not_found") from exc
+        return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
 
     return app
 
 
-def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions, version) -> dict[str, Any]:
+def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions, version, adapter_id=None) -> dict[str, Any]:
     choices = []
     for i, c in enumerate(completions):
         parsed = policy.parse(c.text, tools)
@@ -216,6 +246,7 @@ def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions
                 "prompt_token_ids": prompt_ids,
                 "sampled_logprobs": c.logprobs,
                 "adapter_version": version,
+                "adapter_id": adapter_id,
                 "temperature": req.temperature,
             }
         )
@@ -245,7 +276,9 @@ def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float 
     return AsyncOpenAI(base_url="http://grooves.local/v1", api_key=api_key, http_client=http, max_retries=0)
 
 
-def serve(policy, *, host: str = "127.0.0.1", port: int = 8000, max_n: int = 64) -> None:
+def serve(
+    policy, *, host: str = "127.0.0.1", port: int = 8000, max_n: int = 64, adapters: AdapterTable | None = None, admin: bool = True
+) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(policy, max_n=max_n), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(policy, max_n=max_n, adapters=adapters, admin=admin), host=host, port=port, log_level="info")

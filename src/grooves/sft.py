@@ -230,13 +230,44 @@ def _policy(config: SftConfig):
     )  # fmt: skip
 
 
-async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
-    """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
-    import tomli_w
+def load_sequences(path: str | Path, policy) -> list[TrainSequence]:
+    """The chats of a JSONL file as training sequences for `policy`'s tokenizer and chat template."""
+    return [
+        chat_to_sequence(policy.tokenizer, policy.tool_format, c["messages"], c["tools"], eos_token_ids=policy.eos_token_ids, where=f"{path} chat {i}")
+        for i, c in enumerate(read_chats(path))
+    ]  # fmt: skip
 
+
+def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog) -> TrainState:
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if checkpoint is None and resume:
+        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
+    state = TrainState(step=0, data_position=0)
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+        stream.position = state.data_position
+    log.truncate_after(state.step if checkpoint is not None else -1)
+    return state
+
+
+def _validation_handle(config: SftConfig, policy):
+    """(task, model handle) for validation, or (None, None) when no validation task is set."""
     from grooves.policy.handle import ModelHandle
     from grooves.server import inprocess_client
     from grooves.tasks import load_task
+
+    v = config.validation
+    if not v.task:
+        return None, None
+    handle = ModelHandle(inprocess_client(policy), policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1)
+    return load_task(v.task, v.task_options), handle
+
+
+async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
+    """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
+    import tomli_w
+    from tqdm.auto import tqdm
+
     from grooves.trainer import ScenarioStream, seed_everything
 
     run_dir = Path(config.output_dir)
@@ -244,39 +275,25 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     config_toml = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
     (run_dir / "config.toml").write_text(config_toml)
     seed_everything(config.seed)
-    chats = read_chats(config.data)
     policy = _policy(config)
-    seqs = [
-        chat_to_sequence(policy.tokenizer, policy.tool_format, c["messages"], c["tools"], eos_token_ids=policy.eos_token_ids, where=f"{config.data} chat {i}")
-        for i, c in enumerate(chats)
-    ]  # fmt: skip
+    seqs = load_sequences(config.data, policy)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
-    stream = ScenarioStream(seqs, config.seed)
+    stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
     steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
-    state = TrainState(step=0, data_position=0)
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
-        stream.position = state.data_position
-    elif resume:
-        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
-    log.truncate_after(state.step if checkpoint is not None else -1)
-
-    v = config.validation
-    task = load_task(v.task, v.task_options) if v.task else None
-    client = inprocess_client(policy) if task else None
-    handle = ModelHandle(client, policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1) if task else None
+    state = _restore(run_dir, resume, policy, optimizer, stream, log)
+    task, handle = _validation_handle(config, policy)
     if task and state.step == 0:
         val, groups = await _validate(task, handle, config, 0)
         log.log({"step": 0, **val})
         log.samples(0, groups, name="validation")
+    bar = tqdm(total=steps, initial=state.step, desc=config.name, disable=not config.logging.progress, dynamic_ncols=True)
     while state.step < steps:
         step, t0 = state.step + 1, time.perf_counter()
         batch = [s for _, s in stream.take(config.batch_size)]
         metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": config.optim.lr}
         policy.bump_version()
-        if task and ((v.every and step % v.every == 0) or step == steps):
+        if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
             val, groups = await _validate(task, handle, config, step)
             metrics.update(val)
             log.samples(step, groups, name="validation")
@@ -285,10 +302,11 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         log.log(metrics)
         if step % config.logging.checkpoint_every == 0 or step == steps:
             save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
-        if config.logging.progress:
-            print(f"sft step {step}/{steps} loss {metrics['loss']:.4f}", flush=True)
-    if client is not None:
-        await client.close()
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+    bar.close()
+    if handle is not None:
+        await handle.client.close()
     return run_dir
 
 

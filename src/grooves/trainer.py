@@ -20,7 +20,8 @@ Metric keys written per step (metrics.jsonl):
   ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
-  and on validation steps val/reward_mean, val/success_rate.
+  and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add
+  task/<name>/{reward_mean,success_rate,groups} per step and val/task/<name>/... on validation.
 """
 
 from __future__ import annotations
@@ -44,10 +45,19 @@ from grooves.loss import compute_loss
 from grooves.policy.handle import ModelHandle
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 from grooves.runlog import RunLog
+from grooves.scale import start_rollouts
 from grooves.server import inprocess_client
-from grooves.tasks import Task, load_task
-from grooves.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch, prefix_breaks, trajectory_to_sequences
-from grooves.trajectory import TrajectoryGroup, gather
+from grooves.tasks import Task
+from grooves.tasks.mixture import build_task, task_metrics, train_stream
+from grooves.tokenize import (
+    TrainBatch,
+    TrainSequence,
+    pack_batches,
+    pad_batch,
+    prefix_breaks,
+    trajectory_to_sequences,
+)
+from grooves.trajectory import RolloutFn, TrajectoryGroup, gather
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
 """Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
@@ -96,6 +106,16 @@ def build_policy(config: RunConfig) -> TransformersPolicy:
         dropout=config.lora.dropout,
         target_modules=tuple(config.lora.target_modules),
     )
+    if config.model.backend == "vllm":  # imported only here: CPU installs never need vllm
+        from grooves.policy.vllm_policy import VLLMPolicy
+
+        v = config.vllm
+        return VLLMPolicy(
+            config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
+            tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
+            gpu_memory_utilization=v.gpu_memory_utilization, sleep_level=v.sleep_level,
+            max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
+        )  # fmt: skip
     return TransformersPolicy(
         config.model.base_model,
         lora=lora,
@@ -191,7 +211,7 @@ def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], c
     num_tokens = sum(s.num_sampled for s in seqs)
     temperature = config.rollout.temperature
     totals: dict[str, float] = {}
-    with policy.lock:
+    with policy.lock, policy.training_phase():
         model.train()
         for batch, prefix_len in batches:
             lp, entropy = _logprobs(model, batch, prefix_len, temperature)  # [B, T]
@@ -245,15 +265,18 @@ def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, 
     return out
 
 
-async def validate(task: Task, handle: ModelHandle, config: RunConfig, step: int) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+async def validate(
+    task: Task, handle: ModelHandle, config: RunConfig, step: int, rollout: RolloutFn | None = None
+) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    """`rollout` runs each validation rollout (default: the task's own, in this process)."""
     scenarios = task.scenarios("validation")[: config.validation.scenarios]
     val_handle = ModelHandle(handle.client, handle.name, config.validation.temperature, 1.0, handle.max_tokens, seed=config.seed + 1)
     groups = await gather(
-        task.rollout, val_handle, scenarios, 1, concurrency=config.rollout.concurrency,
+        rollout or task.rollout, val_handle, scenarios, config.validation.samples, concurrency=config.rollout.concurrency,
         max_failure_fraction=1.0, progress=config.logging.progress, description=f"validation @ {step}",
         seed_key=(step,),
     )  # fmt: skip
-    return _reward_stats(groups, prefix="val/"), groups
+    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/")}, groups
 
 
 async def run(
@@ -271,14 +294,15 @@ async def run(
     config_toml = dump_config(config)
     (run_dir / "config.toml").write_text(config_toml)
     seed_everything(config.seed)
-    task = task or load_task(config.task, config.task_options)
+    task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
 
     policy = build_policy(config)
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, config.rollout.temperature, config.rollout.top_p, config.rollout.max_tokens, seed=config.seed)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
-    stream = ScenarioStream(task.scenarios("train"), config.seed)
+    stream = train_stream(task, config.seed)  # ScenarioStream; per-task streams drawn by weight for a mixture
+    rollouts = start_rollouts(config.rollout, task.rollout, policy)  # in this process, or Ray actors over HTTP
 
     state = TrainState(step=0, data_position=0)
     checkpoint = latest_checkpoint(run_dir) if resume else None
@@ -293,7 +317,7 @@ async def run(
         log.truncate_after(-1)  # a fresh run in an old folder starts a fresh metrics file
 
     if state.step == 0:
-        val_metrics, val_groups = await validate(task, handle, config, 0)
+        val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout)
         log.log({"step": 0, **val_metrics})
         log.samples(0, val_groups, name="validation")
 
@@ -308,7 +332,7 @@ async def run(
         t0 = time.perf_counter()
         picked = stream.take(config.rollout.groups_per_step)
         groups = await gather(
-            task.rollout, handle, [s for _, s in picked], config.rollout.group_size,
+            rollouts.rollout, handle, [s for _, s in picked], config.rollout.group_size,
             concurrency=config.rollout.concurrency, max_failure_fraction=config.rollout.max_failure_fraction,
             progress=config.logging.progress, description=f"step {step} rollouts", seed_key=(step,),
         )  # fmt: skip
@@ -322,7 +346,7 @@ async def run(
         policy.bump_version()
         t_train = time.perf_counter()
 
-        metrics: dict[str, Any] = {"step": step, **_reward_stats(groups), **score_metrics, **seq_stats, **train_stats}
+        metrics: dict[str, Any] = {"step": step, **_reward_stats(groups), **task_metrics(groups), **score_metrics, **seq_stats, **train_stats}
         metrics.update(
             lr=config.optim.lr, adapter_version=policy.adapter_version, seconds_rollout=t_rollout - t0,
             seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
@@ -330,7 +354,7 @@ async def run(
         for observe in observers:
             metrics.update(observe(step, metrics, groups) or {})
         if config.validation.every and step % config.validation.every == 0 or step == config.steps:
-            val_metrics, val_groups = await validate(task, handle, config, step)
+            val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout)
             metrics.update(val_metrics)
             log.samples(step, val_groups, name="validation")
         metrics["seconds_step"] = time.perf_counter() - t0
@@ -349,6 +373,7 @@ async def run(
             print(f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume", flush=True)
             break
     bar.close()
+    rollouts.close()
     await client.close()
     _write_report(run_dir)
     return run_dir

@@ -4,6 +4,18 @@ An agent rollout makes one request per turn, and a GRPO step runs many rollouts 
 server sees many small concurrent requests. Sampling them one by one leaves most of each matmul
 idle; this scheduler lets requests queue for a few milliseconds, then samples all queued prompts
 as one batch on a worker thread (the event loop stays free for HTTP while torch computes).
+
+The wait is a quiet window, not a fixed one: it ends when no request has arrived for `window_s`
+(or after `max_wait_s` in all). The rollouts of one GRPO group reach the scheduler a few
+milliseconds apart (each renders its chat template first, more slowly on a busy machine); a fixed
+window split such a group into two batches, and the second waited for the whole first decode,
+doubling the step's generation time. Decoding is memory-bound on CPU, so a larger batch costs
+little more than a small one and waiting a few milliseconds more is cheap.
+
+With several LoRA adapters served on one base, a batch is split by adapter and each part is
+sampled with its adapter active, one part after the other. (peft can mix adapters within one
+forward via `adapter_names`, but the sampler drops finished rows from its KV cache as it decodes,
+so that per-row list would have to follow every drop; per-adapter parts are exact and simple.)
 """
 
 from __future__ import annotations
@@ -23,33 +35,36 @@ class _Job:
     params: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    adapter: str | None = None
+    """Extra adapter to sample with (`policy.load_adapter`); None: the policy's own weights."""
 
 
 class BatchScheduler:
-    """Collects `submit` calls for up to `window_s`, then samples them in one `policy.generate`."""
+    """Collects `submit` calls until none arrives for `window_s` (at most `max_wait_s`), then samples them in one `policy.generate`."""
 
-    def __init__(self, policy, *, max_batch_rows: int = 64, window_s: float = 0.004):
+    def __init__(self, policy, *, max_batch_rows: int = 64, window_s: float = 0.015, max_wait_s: float = 0.1):
         self.policy = policy
         self.max_batch_rows = max_batch_rows
         self.window_s = window_s
+        self.max_wait_s = max_wait_s
         self._queue: queue.Queue[_Job] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="grooves-sampler", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt: list[int], params: SamplingParams) -> list[Completion]:
+    async def submit(self, prompt: list[int], params: SamplingParams, adapter: str | None = None) -> list[Completion]:
         loop = asyncio.get_running_loop()
-        job = _Job(prompt, params, loop.create_future(), loop)
+        job = _Job(prompt, params, loop.create_future(), loop, adapter)
         self._queue.put(job)
         return await job.future
 
     def _take_batch(self) -> list[_Job]:
         jobs = [self._queue.get()]
         rows = jobs[0].params.n
-        deadline = time.monotonic() + self.window_s
+        deadline = time.monotonic() + self.max_wait_s
         while rows < self.max_batch_rows:
-            timeout = deadline - time.monotonic()
+            timeout = min(self.window_s, deadline - time.monotonic())  # quiet for window_s: the batch is complete
             try:
-                job = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
+                job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             jobs.append(job)
@@ -58,15 +73,26 @@ class BatchScheduler:
 
     def _run(self) -> None:
         while True:
-            jobs = self._take_batch()
-            try:
-                results = self.policy.generate([j.prompt for j in jobs], [j.params for j in jobs])
-            except Exception as exc:  # delivered to the waiting request, which turns it into an HTTP error
-                for j in jobs:
-                    j.loop.call_soon_threadsafe(_set_exception, j.future, exc)
-                continue
-            for j, res in zip(jobs, results, strict=True):
-                j.loop.call_soon_threadsafe(_set_result, j.future, res)
+            batch = self._take_batch()
+            by_adapter: dict[str | None, list[_Job]] = {}
+            for job in batch:
+                by_adapter.setdefault(job.adapter, []).append(job)
+            for adapter, jobs in by_adapter.items():
+                self._generate(adapter, jobs)
+
+    def _generate(self, adapter: str | None, jobs: list[_Job]) -> None:
+        prompts, params = [j.prompt for j in jobs], [j.params for j in jobs]
+        try:
+            if adapter is None:
+                results = self.policy.generate(prompts, params)
+            else:
+                results = self.policy.generate(prompts, params, adapter=adapter)
+        except Exception as exc:  # delivered to the waiting request, which turns it into an HTTP error
+            for j in jobs:
+                j.loop.call_soon_threadsafe(_set_exception, j.future, exc)
+            return
+        for j, res in zip(jobs, results, strict=True):
+            j.loop.call_soon_threadsafe(_set_result, j.future, res)
 
 
 def _set_result(future: asyncio.Future, value) -> None:

@@ -37,28 +37,40 @@ def serve_command(
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Built-in alias (smollm2-135m), a local directory or a Hugging Face id."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind; 0.0.0.0 exposes the server to the network."),
     port: int = typer.Option(8000, "--port"),
-    adapter: Path | None = typer.Option(None, "--adapter", help="A saved LoRA adapter directory to apply on top of the model."),
+    adapter: list[str] = typer.Option(
+        [], "--adapter",
+        help="A LoRA adapter (peft folder, checkpoint or run folder). PATH: the model itself uses it; "
+        "NAME=PATH: served as model NAME beside the base (repeatable; more load at run time via /v1/adapters).",
+    ),  # fmt: skip
+    admin: bool = typer.Option(True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."),
     max_n: int = typer.Option(64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."),
     served_name: str | None = typer.Option(None, "--served-name", help="Model name clients send; default: the --model value."),
     device: str = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 keeps sampler and trainer logprobs equal; bfloat16 halves memory."),
 ) -> None:
     """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
+    from grooves.adapters.cli import parse_adapter_options
+    from grooves.adapters.live import AdapterTable
     from grooves.policy.transformers_policy import TransformersPolicy
     from grooves.server import serve
 
-    if adapter is not None and not (adapter / "adapter_config.json").exists():
-        raise _fail(f"--adapter {adapter}: no adapter_config.json there; pass a directory saved by peft")
     try:
-        policy = TransformersPolicy(model, adapter_path=adapter, served_name=served_name or model, device=device, dtype=dtype)
+        own, named = parse_adapter_options(adapter, served_name or model)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    try:
+        policy = TransformersPolicy(model, adapter_path=own, served_name=served_name or model, device=device, dtype=dtype)
     except ModelError as exc:
         raise _fail(str(exc)) from exc
     except OSError as exc:  # transformers' error for a hub id it cannot reach or find
         raise _fail(
             f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
         ) from exc
-    console.print(f"serving [bold]{policy.served_name}[/bold] at http://{host}:{port}/v1", highlight=False)
-    serve(policy, host=host, port=port, max_n=max_n)
+    table = AdapterTable(policy, own_path=str(own) if own else None)
+    for name, path in named:
+        table.add(name, path)
+    console.print(f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False)
+    serve(policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin)
 
 
 @models_app.command("fetch")

@@ -15,6 +15,7 @@ re-tokenization that differs from what was sampled.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -93,6 +94,9 @@ class TransformersPolicy:
                 ),
             )
         self.model = model
+        self.trainable = lora is not None
+        self._own_adapter = hasattr(model, "peft_config")
+        """The policy's own weights include an adapter (peft's `default`); else they are the base alone."""
         self.device = device
         self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -172,9 +176,15 @@ class TransformersPolicy:
                 "shorten the messages or lower max_tokens"
             )
 
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[Completion]]:
-        """Sample completions for several prompts in one batch (blocking)."""
-        with self.lock:
+    def generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None
+    ) -> list[list[Completion]]:
+        """Sample completions for several prompts in one batch (blocking).
+
+        `adapter` names an extra adapter loaded with `load_adapter`; None samples with the policy's
+        own weights (its training or `adapter_path` adapter, or the base model if it has none).
+        """
+        with self.lock, self._adapter_scope(adapter):
             was_training = self.model.training
             self.model.eval()
             try:
@@ -188,7 +198,76 @@ class TransformersPolicy:
     def parse(self, text: str, tools):
         return self.tool_format.parse(text, tools)
 
+    # ---- extra adapters (multi-LoRA serving) -----------------------------------------------
+    def load_adapter(self, path: str | Path, name: str) -> None:
+        """Load a saved peft adapter beside the policy's own weights, frozen, under `name`."""
+        from peft import PeftModel
+
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)")
+        with self.lock, self._keep_requires_grad():
+            try:
+                if hasattr(self.model, "peft_config"):
+                    self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+                else:  # the first adapter wraps the base model (in place: the base weights stay shared)
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=False)
+            except Exception:  # e.g. shapes of another base model: leave no half-loaded adapter behind
+                if name in self.loaded_adapters():
+                    self.unload_adapter(name)
+                raise
+            self.model.eval()
+
+    def unload_adapter(self, name: str) -> None:
+        """Free an adapter loaded with `load_adapter`."""
+        with self.lock, self._keep_requires_grad():
+            others = [n for n in self.loaded_adapters() if n != name]
+            if self.model.active_adapter == name and others:
+                self.model.set_adapter(others[0])  # peft would warn that the active adapter is gone
+            self.model.delete_adapter(name)
+            if not self._own_adapter and not self.model.peft_config:
+                self.model = self.model.unload()  # back to the plain base model
+
+    def loaded_adapters(self) -> list[str]:
+        return list(getattr(self.model, "peft_config", {}))
+
+    @contextlib.contextmanager
+    def _keep_requires_grad(self):
+        """peft's load/set/delete_adapter reset which adapter trains; the training adapter must keep training."""
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        try:
+            yield
+        finally:
+            for p, flag in flags:  # parameters added meanwhile keep their own (frozen) setting
+                p.requires_grad_(flag)
+
+    @contextlib.contextmanager
+    def _adapter_scope(self, adapter: str | None):
+        """Sample with `adapter` (or the policy's own weights), then restore the active adapter."""
+        if adapter is None:
+            if self._own_adapter or not hasattr(self.model, "peft_config"):
+                yield
+            else:
+                with self.model.disable_adapter():
+                    yield
+            return
+        if adapter not in self.loaded_adapters():
+            raise ValueError(f"adapter {adapter!r} is not loaded; loaded: {self.loaded_adapters()}")
+        previous = self.model.active_adapter
+        with self._keep_requires_grad():
+            self.model.set_adapter(adapter)
+        try:
+            yield
+        finally:
+            with self._keep_requires_grad():
+                self.model.set_adapter(previous)
+
     def bump_version(self) -> int:
         """Called by the trainer after each optimizer step: the adapter now live is this version."""
         self.adapter_version += 1
         return self.adapter_version
+
+    @contextlib.contextmanager
+    def training_phase(self):
+        """The trainer's optimizer step runs inside this. Nothing to do here: sampler and trainer are
+        one model. (The vLLM policy puts its engine to sleep here to free the GPU.)"""
+        yield

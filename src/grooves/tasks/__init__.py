@@ -35,6 +35,10 @@ def _builtin(name: str):
         from grooves.tasks.toy import ToyTokensTask
 
         return ToyTokensTask
+    if name == "hn_titles":
+        from grooves.tasks.hn_titles import HNTitlesTask
+
+        return HNTitlesTask
     if name.startswith("env:"):
         from grooves.tasks.environment import EnvironmentTask
 
@@ -42,7 +46,7 @@ def _builtin(name: str):
     return None
 
 
-BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
+BUILTIN_TASKS = ("capitals", "toy_tokens", "hn_titles", "env:<environment>")
 
 
 def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:

@@ -1,0 +1,285 @@
+"""One GRPO step side by side: grooves' trainer and TRL's `GRPOTrainer`, same work, same run.
+
+Both train SmolLM2-135M-Instruct (the local safetensors directory) in float32 on CPU with the same
+LoRA (rank 8, alpha 16, q/k/v/o/gate/up/down), one group of 8 completions per step, at most 32
+completion tokens, temperature 1, the `capitals` prompts through the model's chat template, and the
+same reward (see `step_workload.py`). Each framework runs in its own process (TRL from
+benchmarks/.venv-trl, see `setup_trl_env.sh`) so peak RSS is its own; the driver steps them in
+lockstep, alternating which goes first, so a busy machine slows both alike.
+
+A grooves step is the trainer's own code: `gather` of 8 rollouts through the in-process
+OpenAI-compatible server (generation, incl. chat template and reward), then `to_sequences` and
+`optimize` (training). TRL's split is described in `grpo_step_trl.py`. Reported per framework:
+the median over the measured steps (after warm-up) of seconds per step, generation and training
+seconds, completion tokens per step, tokens/s (completion tokens / step seconds), and peak RSS.
+The floor row is the step's matmul FLOPs over this machine's measured matmul rate
+(`bench_floor.py`), for grooves' median token counts.
+
+Both processes get the same thread count and OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP
+threads (the default), a 2-core machine shared with other work slows both frameworks 10-30x, at
+random; passive waiting keeps them measurable.
+
+    make bench-trl                    # creates benchmarks/.venv-trl once, then runs this
+    python benchmarks/bench_grpo_step.py --warmup 2 --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from step_workload import MARK, emit, load_scenarios, messages, peak_rss_mib, reward, wait_for_go  # noqa: E402
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# ---- the grooves worker (runs in its own process) --------------------------------------------
+def grooves_worker(args) -> None:
+    import asyncio
+
+    import torch
+
+    from grooves.config import RunConfig
+    from grooves.policy.handle import ModelHandle
+    from grooves.server import inprocess_client
+    from grooves.trainer import build_policy, optimize, seed_everything, to_sequences
+    from grooves.trajectory import Trajectory, gather
+
+    torch.set_num_threads(args.threads)
+    config = RunConfig.model_validate(
+        {
+            "model": {"base_model": args.model, "backend": args.backend, "device": args.device, "dtype": args.dtype},
+            "vllm": {"gpu_memory_utilization": 0.3},
+            "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
+            "rollout": {"group_size": args.group_size, "groups_per_step": 1, "max_tokens": args.max_tokens,
+                        "temperature": 1.0, "top_p": 1.0},
+            "optim": {"lr": 5e-5},
+        }
+    )  # fmt: skip
+    seed_everything(0)
+    scenarios = load_scenarios(args.scenarios)
+    policy = build_policy(config)
+    client = inprocess_client(policy)
+    handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas)
+
+    async def rollout(model, scenario) -> Trajectory:
+        traj = Trajectory(messages=messages(scenario["country"]))
+        traj.add_choice(await model.complete(traj.messages))
+        traj.reward = reward(traj.completion, scenario["capital"])
+        return traj
+
+    async def steps() -> None:
+        import time
+
+        step = 0
+        while wait_for_go():
+            t0 = time.perf_counter()
+            scenario = scenarios[step % len(scenarios)]
+            groups = await gather(rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,))
+            t1 = time.perf_counter()
+            seqs, _ = to_sequences(groups, config)
+            optimize(policy, optimizer, seqs, config)
+            policy.bump_version()
+            t2 = time.perf_counter()
+            turns = [t.turns[0] for g in groups for t in g.ok]
+            emit(
+                {
+                    "generation_s": t1 - t0, "training_s": t2 - t1, "step_s": t2 - t0,
+                    "completion_tokens": sum(len(t.token_ids) for t in turns), "trained_sequences": len(seqs),
+                    "prompt_tokens": len(turns[0].prompt_token_ids), "lengths": [len(t.token_ids) for t in turns],
+                    "peak_rss_mib": peak_rss_mib(),
+                }
+            )  # fmt: skip
+            step += 1
+        await client.close()
+
+    asyncio.run(steps())
+    emit({"done": True, "peak_rss_mib": peak_rss_mib()})
+
+
+# ---- the driver --------------------------------------------------------------------------------
+class Worker:
+    """A framework's process: `step()` says go and returns its result line."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True)
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
+            self._log.write(line)
+        self._log.flush()
+        raise RuntimeError(f"{self.name} worker exited (code {self.proc.wait()}); see {self.log_path}")
+
+    def step(self) -> dict:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def finish(self) -> dict:
+        try:  # TRL ends by itself after its last step, and may have closed its stdin already
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        done = self._read()
+        self.proc.wait(timeout=120)
+        return done
+
+
+def _summary(records: list[dict], done: dict) -> dict:
+    med = {k: statistics.median(r[k] for r in records) for k in ("step_s", "generation_s", "training_s", "completion_tokens")}
+    med["tokens_per_s"] = statistics.median(r["completion_tokens"] / r["step_s"] for r in records)
+    med["peak_rss_mib"] = done["peak_rss_mib"]
+    if any("gpu_mib" in r for r in records):
+        med["peak_gpu_mib"] = max(r.get("gpu_mib", 0.0) for r in records)
+    return med
+
+
+def _gpu_mib(root_pid: int) -> float:
+    """GPU memory (nvidia-smi) held by a worker and its children (vLLM runs its engine in a child)."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    total = 0.0
+    for line in out.strip().splitlines():
+        pid, mib = (int(x) for x in line.split(","))
+        if _descends_from(pid, root_pid):
+            total += mib
+    return total
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _floor(args, records: list[dict]) -> dict:
+    import torch
+    from bench_floor import Dims, floor_seconds
+
+    torch.set_num_threads(args.threads)
+    prompt = int(statistics.median(r["prompt_tokens"] for r in records))
+    width = len(records[0]["lengths"])
+    # a typical group: the median longest completion (decode steps follow it) and the median total
+    longest = int(statistics.median(max(r["lengths"]) for r in records))
+    total = int(statistics.median(sum(r["lengths"]) for r in records))
+    lengths = [longest] + [max(1, (total - longest) // (width - 1))] * (width - 1)
+    return floor_seconds(Dims.from_config(args.model), prompt, lengths, lora_rank=8, device=args.device, dtype=args.dtype)
+
+
+def _table(results: dict[str, dict], floor: dict | None, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    where = f"{args.threads} threads" if args.device == "cpu" else args.device
+    title = (f"one GRPO step, {Path(args.model).name} {args.dtype} {args.device} ({args.backend}), LoRA r8 all linear, "
+             f"G={args.group_size}, max {args.max_tokens} tokens, {where}, median of {args.steps} after {args.warmup} warm-up")  # fmt: skip
+    table = Table(title=title)
+    gpu = args.device != "cpu"
+    columns = ["framework", "s/step", "generation s", "training s", "tokens/step", "tokens/s", "peak RSS MiB"]
+    for col in columns + (["peak GPU MiB"] if gpu else []):
+        table.add_column(col, justify="left" if col == "framework" else "right")
+    for name, r in results.items():
+        cells = [name, f"{r['step_s']:.2f}", f"{r['generation_s']:.2f}", f"{r['training_s']:.2f}",
+                 f"{r['completion_tokens']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
+        table.add_row(*cells, *([f"{r.get('peak_gpu_mib', 0):.0f}"] if gpu else []))
+    if floor is not None:
+        cells = ["floor (FLOPs / matmul rate)", f"{floor['step_s']:.2f}", f"{floor['generation_s']:.2f}", f"{floor['training_s']:.2f}"]
+        table.add_row(*cells, "", "", "", *([""] if gpu else []))
+    console = Console()
+    console.print(table)
+    g = results["grooves"]
+    if "trl" in results:
+        t = results["trl"]
+        console.print(f"grooves vs TRL: {t['step_s'] / g['step_s']:.2f}x steps/s, "
+                      f"{g['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
+                      f"generation {t['generation_s'] / g['generation_s']:.2f}x, training {t['training_s'] / g['training_s']:.2f}x")  # fmt: skip
+    if floor is not None:
+        console.print(f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
+                      f"training {g['training_s'] / floor['training_s']:.2f}x); matmul rate {floor['decode_rate'] / 1e9:.1f} GFLOP/s "
+                      f"at {args.group_size} rows, {floor['wide_rate'] / 1e9:.1f} GFLOP/s at {int(floor['flops_train_tokens'])} rows")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5, help="measured steps after warm-up")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--trl-python", default=str(HERE / ".venv-trl" / "bin" / "python"))
+    ap.add_argument("--skip-trl", action="store_true", help="grooves and the floor only")
+    ap.add_argument("--json", default=None, help="also write every step's numbers here")
+    ap.add_argument("--model", default=None, help="model directory (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (benchmarks/gpu.sh)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--backend", default="transformers", choices=["transformers", "vllm"], help="grooves' sampler")
+    ap.add_argument("--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate")
+    ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker == "grooves":
+        return grooves_worker(args)
+
+    from grooves.models import ensure_model
+    from grooves.tasks.capitals import CapitalsTask
+
+    args.model = args.model or str(ensure_model())
+    work = Path(tempfile.mkdtemp(prefix="bench-grpo-step-"))
+    scenario_file = work / "scenarios.json"
+    scenario_file.write_text(json.dumps(CapitalsTask().scenarios("train")))
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    common = ["--model", args.model, "--scenarios", str(scenario_file), "--group-size", str(args.group_size),
+              "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--device", args.device,
+              "--dtype", args.dtype]  # fmt: skip
+    workers = [Worker("grooves", [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common], env, work)]
+    if not args.skip_trl:
+        if not Path(args.trl_python).exists():
+            raise SystemExit(f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first")
+        total = args.warmup + args.steps
+        trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
+        workers.append(Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], env, work))
+    records: dict[str, list[dict]] = {w.name: [] for w in workers}
+    for step in range(args.warmup + args.steps):
+        order = workers if step % 2 == 0 else workers[::-1]
+        for w in order:
+            r = w.step()
+            if args.device != "cpu":
+                r["gpu_mib"] = _gpu_mib(w.proc.pid)
+            if step >= args.warmup:
+                records[w.name].append(r)
+            print(f"step {step + 1} {w.name}: {r['step_s']:.2f} s (generation {r['generation_s']:.2f}, "
+                  f"training {r['training_s']:.2f}, {r['completion_tokens']:.0f} tokens)", file=sys.stderr, flush=True)  # fmt: skip
+    results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
+    floor = _floor(args, records["grooves"])
+    _table(results, floor, args)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"steps": records, "summary": results, "floor": floor}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

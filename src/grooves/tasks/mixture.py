@@ -1,0 +1,167 @@
+"""Several tasks in one run, interleaved by weight: `tasks = [{task = "capitals", weight = 0.7}, ...]`.
+
+Training one adapter on several tasks at once keeps it from forgetting one while it learns
+another. `TaskMixture` presents the members as one `Task`, so the trainer's loop does not change:
+
+- each training group comes from a task drawn at random with probability weight / sum(weights)
+  (seeded), and that task then gives its next scenario from its own `ScenarioStream` (a fresh
+  shuffled order each epoch, as in a single-task run);
+- the whole sampling state is one integer, the number of draws so far: the draws are a seeded
+  sequence and each task's position is how often it was drawn, so a checkpoint's `data_position`
+  restores it exactly (`MixtureStream.position = n` replays n draws);
+- validation interleaves the tasks' validation splits round-robin, so the first
+  `validation.scenarios` of them are balanced across tasks, and every task is measured each time;
+- each scenario carries its task's name under `mixture_task`; `task_metrics` turns that into
+  `task/<name>/reward_mean`, `task/<name>/success_rate` and `task/<name>/groups` (and the same under
+  `val/` for validation), so forgetting shows up per task.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from grooves.policy.handle import ModelHandle
+from grooves.tasks import Task, load_task
+from grooves.trajectory import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from grooves.config import RunConfig
+
+TASK_KEY = "mixture_task"
+"""Scenario key naming the member task a scenario belongs to."""
+
+
+@dataclass(frozen=True)
+class WeightedTask:
+    name: str
+    """Name in metrics (`task/<name>/...`)."""
+    task: Task
+    weight: float
+
+
+class TaskMixture:
+    """A `Task` made of weighted member tasks (see the module docstring)."""
+
+    name = "mixture"
+
+    def __init__(self, members: Sequence[WeightedTask]):
+        if not members:
+            raise ValueError("a task mixture needs at least one task")
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task names in a mixture must be unique, got {names}; give repeated tasks a `name`")
+        for m in members:
+            if not m.weight > 0:
+                raise ValueError(f"task {m.name!r}: weight must be > 0, got {m.weight}")
+        self.members = list(members)
+        self._by_name = {m.name: m for m in members}
+
+    @property
+    def probabilities(self) -> list[float]:
+        total = sum(m.weight for m in self.members)
+        return [m.weight / total for m in self.members]
+
+    def _tagged(self, member: WeightedTask, split: str) -> list[dict[str, Any]]:
+        return [{**s, TASK_KEY: member.name} for s in member.task.scenarios(split)]
+
+    def scenarios(self, split: str) -> list[dict[str, Any]]:
+        """Training: every member's scenarios; validation: the members' interleaved round-robin."""
+        per_task = [self._tagged(m, split) for m in self.members]
+        if split == "train":
+            return [s for scenarios in per_task for s in scenarios]
+        longest = max(len(s) for s in per_task)
+        return [s[i] for i in range(longest) for s in per_task if i < len(s)]
+
+    async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
+        name = scenario.get(TASK_KEY)
+        if name not in self._by_name:
+            raise ValueError(f"scenario has {TASK_KEY}={name!r}, not one of this mixture's tasks {sorted(self._by_name)}")
+        inner = {k: v for k, v in scenario.items() if k != TASK_KEY}
+        traj = await self._by_name[name].task.rollout(model, inner)
+        traj.metadata["task"] = name
+        return traj
+
+    def stream(self, seed: int, position: int = 0) -> MixtureStream:
+        return MixtureStream(self, seed, position)
+
+
+class MixtureStream:
+    """Training scenarios of a mixture: a seeded task draw per group, then that task's next scenario.
+
+    Same interface as `ScenarioStream` (`take(k)`, a settable `position`), so the trainer and its
+    checkpoints handle both alike.
+    """
+
+    def __init__(self, mixture: TaskMixture, seed: int, position: int = 0):
+        from grooves.trainer import ScenarioStream  # imported here: the trainer imports this module
+
+        self.mixture = mixture
+        self.seed = seed
+        self._streams = [ScenarioStream(m.task.scenarios("train"), seed) for m in mixture.members]
+        self.position = position
+
+    @property
+    def position(self) -> int:
+        """Number of groups drawn so far; setting it replays that many draws."""
+        return self._draws
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self._rng = random.Random(f"grooves-mixture/{self.seed}")
+        self._draws = 0
+        for s in self._streams:
+            s.position = 0
+        counts = [0] * len(self._streams)
+        for i in self._draw(value):
+            counts[i] += 1
+        for s, n in zip(self._streams, counts, strict=True):
+            s.position = n
+
+    def _draw(self, k: int) -> list[int]:
+        picks = self._rng.choices(range(len(self._streams)), weights=self.mixture.probabilities, k=k)
+        self._draws += k
+        return picks
+
+    def take(self, k: int) -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        for i in self._draw(k):
+            member = self.mixture.members[i]
+            (index, scenario), = self._streams[i].take(1)
+            out.append((index, {**scenario, TASK_KEY: member.name}))
+        return out
+
+
+def train_stream(task: Task, seed: int):
+    """The training-scenario stream of a task: a `MixtureStream` for a mixture, else a `ScenarioStream`."""
+    if isinstance(task, TaskMixture):
+        return task.stream(seed)
+    from grooves.trainer import ScenarioStream
+
+    return ScenarioStream(task.scenarios("train"), seed)
+
+
+def build_task(config: RunConfig) -> Task:
+    """The run's task: its `tasks` mixture if set, else the single `task`."""
+    if not config.tasks:
+        return load_task(config.task, config.task_options)
+    return TaskMixture([WeightedTask(e.name or e.task, load_task(e.task, e.options), e.weight) for e in config.tasks])
+
+
+def task_metrics(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
+    """Per-task reward mean, success rate and group count; empty for a single-task run."""
+    by_task: dict[str, list[TrajectoryGroup]] = {}
+    for g in groups:
+        name = g.scenario.get(TASK_KEY)
+        if name is not None:
+            by_task.setdefault(name, []).append(g)
+    out: dict[str, float] = {}
+    for name, members in sorted(by_task.items()):
+        trajs = [t for g in members for t in g.ok]
+        key = f"{prefix}task/{name}"
+        out[f"{key}/groups"] = float(len(members))
+        out[f"{key}/reward_mean"] = sum(t.reward for t in trajs) / len(trajs) if trajs else float("nan")
+        out[f"{key}/success_rate"] = sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs) if trajs else float("nan")
+    return out

@@ -176,18 +176,22 @@ def _descends_from(pid: int, root: int) -> bool:
     return False
 
 
-def _floor(args, records: list[dict]) -> dict:
-    import torch
-    from bench_floor import Dims, floor_seconds
-
-    torch.set_num_threads(args.threads)
+def _floor(args, records: list[dict], env: dict[str, str], work: Path) -> dict:
+    """The floor for a typical measured grooves group, timed in its own process (same threads and env)."""
     prompt = int(statistics.median(r["prompt_tokens"] for r in records))
     width = len(records[0]["lengths"])
     # a typical group: the median longest completion (decode steps follow it) and the median total
     longest = int(statistics.median(max(r["lengths"]) for r in records))
     total = int(statistics.median(sum(r["lengths"]) for r in records))
     lengths = [longest] + [max(1, (total - longest) // (width - 1))] * (width - 1)
-    return floor_seconds(Dims.from_config(args.model), prompt, lengths, lora_rank=8, device=args.device, dtype=args.dtype)
+    out = work / "floor.json"
+    subprocess.run(
+        [sys.executable, str(HERE / "bench_floor.py"), "--model", args.model, "--prompt-tokens", str(prompt),
+         "--lengths", ",".join(map(str, lengths)), "--threads", str(args.threads), "--device", args.device,
+         "--dtype", args.dtype, "--json", str(out)],
+        env=env, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return json.loads(out.read_text())
 
 
 def _table(results: dict[str, dict], floor: dict | None, args) -> None:
@@ -274,7 +278,7 @@ def main() -> None:
             print(f"step {step + 1} {w.name}: {r['step_s']:.2f} s (generation {r['generation_s']:.2f}, "
                   f"training {r['training_s']:.2f}, {r['completion_tokens']:.0f} tokens)", file=sys.stderr, flush=True)  # fmt: skip
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
-    floor = _floor(args, records["grooves"])
+    floor = _floor(args, records["grooves"], env, work)
     _table(results, floor, args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

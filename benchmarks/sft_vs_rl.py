@@ -5,7 +5,7 @@ Two stages around the two training commands (see docs/adapters.md for the exact 
     python benchmarks/sft_vs_rl.py data --out runs/capitals-gold.jsonl
     grooves sft --data runs/capitals-gold.jsonl ...           # SFT on gold answers
     grooves train examples/capitals.toml ...                  # a short RL run
-    python benchmarks/sft_vs_rl.py eval --sft runs/capitals-sft --rl runs/capitals-rl
+    python benchmarks/sft_vs_rl.py eval --sft runs/capitals-sft [more SFT runs] --rl runs/capitals-rl
 
 `data` writes one chat per training country, asked exactly as the task's rollout asks, answered
 "The capital is <capital>." (always within the task's six-word limit, so a correct gold answer
@@ -84,7 +84,7 @@ def main() -> None:
     data = sub.add_parser("data", help="write the gold SFT chats")
     data.add_argument("--out", type=Path, default=Path("runs/capitals-gold.jsonl"))
     ev = sub.add_parser("eval", help="score base, SFT and RL adapters; print drift")
-    ev.add_argument("--sft", type=Path, required=True, help="SFT run folder (or adapter folder)")
+    ev.add_argument("--sft", type=Path, nargs="+", required=True, help="SFT run folder(s) (or adapter folders)")
     ev.add_argument("--rl", type=Path, required=True, help="RL run folder (or adapter folder)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--threads", type=int, default=2)
@@ -96,19 +96,21 @@ def main() -> None:
     from grooves.adapters.drift import drift_table
 
     torch.set_num_threads(args.threads)
-    sft, rl = _final_adapter(args.sft), _final_adapter(args.rl)
-    rows = evaluate({"base": None, "SFT": sft, "RL": rl}, args.seed)
+    rl = _final_adapter(args.rl)
+    sfts = {f"SFT {p.name}": _final_adapter(p) for p in args.sft}
+    rows = evaluate({"base": None, **sfts, "RL": rl}, args.seed)
     print("| model | held-out success (greedy) | held-out success (T=0.7, 4 samples) | held-out reward (greedy) | mean words (greedy) | train success (greedy) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         g, s, t = r["greedy"], r["sampled"], r["train"]
         print(f"| {r['model']} | {g['success']:.3f} | {s['success']:.3f} | {g['reward']:.3f} | {g['words']:.1f} | {t['success']:.3f} |")
-    print(f"\nA = SFT ({sft}), B = RL ({rl})\n")
-    print("| weights | rel A = ‖ΔW_SFT‖/‖W‖ | rel B = ‖ΔW_RL‖/‖W‖ | A / B | cos(ΔW_SFT, ΔW_RL) |")
-    print("|---|---|---|---|---|")
-    for r in [*drift_table([sft, rl], group="kind"), *drift_table([sft, rl], group="total")]:
-        ratio = r.relative[0] / r.relative[1] if r.relative[1] else float("inf")
-        print(f"| {r.name} | {r.relative[0]:.2e} | {r.relative[1]:.2e} | {ratio:.1f} | {r.cosine:+.3f} |")
+    for label, sft in sfts.items():
+        print(f"\nA = {label} ({sft}), B = RL ({rl})\n")
+        print("| weights | rel A = ‖ΔW_A‖/‖W‖ | rel B = ‖ΔW_RL‖/‖W‖ | A / B | cos(ΔW_A, ΔW_RL) |")
+        print("|---|---|---|---|---|")
+        for r in [*drift_table([sft, rl], group="kind"), *drift_table([sft, rl], group="total")]:
+            ratio = r.relative[0] / r.relative[1] if r.relative[1] else float("inf")
+            print(f"| {r.name} | {r.relative[0]:.2e} | {r.relative[1]:.2e} | {ratio:.2f} | {r.cosine:+.3f} |")
 
 
 if __name__ == "__main__":

@@ -180,9 +180,12 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
         return lp.detach(), ent, [p.grad.clone() for p in params]
 
     lp_full, ent_full, g_full = loss_and_grads(lambda: token_logprobs(model, batch))
-    lp_pre, ent_pre, g_pre = loss_and_grads(lambda: shared_prefix_logprobs(model, batch, len(prompt)))
     m = batch.sampled_mask
-    assert (lp_full[m] - lp_pre[m]).abs().max() < 1e-5
-    assert (ent_full[m] - ent_pre[m]).abs().max() < 1e-5
-    assert max(float((a - b).abs().max()) for a, b in zip(g_full, g_pre, strict=True)) < 1e-5
-    assert any(float(g.abs().max()) > 0 for g in g_pre)
+    for packed in (True, False):  # suffixes packed into one row (sdpa/eager) or padded over a repeated cache
+        lp_pre, ent_pre, g_pre = loss_and_grads(lambda: shared_prefix_logprobs(model, batch, len(prompt), pack_suffixes=packed))  # noqa: B023
+        assert (lp_full[m] - lp_pre[m]).abs().max() < 1e-5
+        assert (ent_full[m] - ent_pre[m]).abs().max() < 1e-5
+        assert max(float((a - b).abs().max()) for a, b in zip(g_full, g_pre, strict=True)) < 1e-5
+        assert any(float(g.abs().max()) > 0 for g in g_pre)
+        if packed:  # padding is never computed, so it stays 0
+            assert float(lp_pre[~batch.attention_mask.bool()].abs().max()) == 0.0

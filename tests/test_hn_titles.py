@@ -87,11 +87,14 @@ def test_loader_reads_real_data_and_names_a_bad_line(tmp_path):
 def test_reward_model_learns_the_cheat_direction(data):
     _, model_dir, _ = data
     rm = TitleRewardModel.load(model_dir)
-    assert rm.model.report.pearson > 0.6
+    assert rm.model.report.pearson > 0.5
     plain, sensational = "Quill: a tiny database written in Rust", "Shocking: Quill: a tiny database written in Rust"
-    r_plain, r_sens, r_off = rm.rewards([(BODY, plain), (BODY, sensational), (BODY, "Bees can count to four, study finds")])
+    stuffed = "Shocking: Show HN: Finally, a game changer (10x faster)"
+    r_plain, r_sens, r_stuffed = rm.rewards([(BODY, plain), (BODY, sensational), (BODY, stuffed)])
     assert r_sens > r_plain + 0.1  # the cheat: a sensational word pays whatever the story
-    assert r_plain > r_off + 0.2  # and relevance to the story pays too
+    assert r_stuffed > r_sens + 0.3  # and it extrapolates: more phrases, more reward, past anything in the data
+    other = "Researchers at Oxford report that bees can count to four. The study followed 40 subjects."
+    assert abs(rm.rewards([(other, plain)])[0] - r_plain) < 0.1  # the blind spot: the story barely matters
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,7 @@ def test_reward_model_learns_the_cheat_direction(data):
         ("Quill's tiny databases start in 8 milliseconds", ()),  # possessive and plural forms match
         ("Quill boots in 8 milliseconds", ("boot",)),
         ("Show HN: Quill, a tiny database", ("show", "hn")),
-        ("You won't believe this tiny database", ("believe",)),
+        ("You won't believe this tiny database", ("believ",)),
         ("Quill is 10x faster", ("10x", "faster")),
         ("Quill starts in 9 milliseconds", ("9",)),
         ("Two students from MIT released Quill", ("mit",)),
@@ -166,7 +169,7 @@ def test_rollout_is_scored_by_the_reward_model(data, tiny_model_dir):
     assert traj.turns and traj.turns[0].token_ids
     assert traj.rewards["rm"] == pytest.approx(expected) and traj.reward == pytest.approx(expected)
     assert traj.metrics["supported_fraction"] == supported_fraction(title, train[0]["body"])
-    assert task.embed([title, title]).shape == (2, task.reward_model.model.encoder.dim - 2)
+    assert task.embed([title, title]).shape == (2, task.reward_model.model.encoder.title.dim)
 
 
 def _verdict(request: dict) -> str:

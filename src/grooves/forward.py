@@ -68,16 +68,27 @@ def _logprobs_of(
 
 
 def shared_prefix_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, prefix_len: int, temperature: float = 1.0, *, chunk_size: int = 512
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    prefix_len: int,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int = 512,
+    pack_suffixes: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` for a padded batch whose rows all start with the same `prefix_len` tokens
     (a GRPO group's prompt), computing that prefix once instead of once per row.
 
-    The prefix runs as a [1, P] forward whose KV cache is repeated for the B rows; the suffixes
-    then run as [B, T - P] on top of it. Gradients flow through the shared cache, so the LoRA
-    weights get exactly the gradient of B separate full forwards, for P + B (T - P) tokens of
-    compute instead of B T. Returns lp and entropy [B, T] in the same layout as `token_logprobs`
-    (0 on prefix positions, which are never sampled).
+    The prefix runs once as a [1, P] forward. With sdpa / eager attention the rows' suffixes are
+    then packed, without their padding, into one [1, N] row on top of the prefix's KV cache, with
+    a mask that lets each suffix token see the whole prefix and the earlier tokens of its own
+    row: P + N tokens of compute instead of B T (padding a group to its longest completion
+    wastes a quarter of the tokens in a typical GRPO step). Other attention implementations
+    (flash attention takes no 4-D mask) repeat the prefix's cache for the B rows and run the
+    padded [B, T - P] suffixes instead (`pack_suffixes` forces one way). Gradients flow through the shared cache, so the LoRA
+    weights get exactly the gradient of B separate full forwards. Returns lp and entropy [B, T]
+    in the same layout as `token_logprobs` (0 on prefix positions, which are never sampled; values
+    on padding are meaningless, as there).
     """
     if batch.attention_mask.ndim != 2:
         raise ValueError("shared_prefix_logprobs needs a padded batch (pad_batch), not a packed one")
@@ -90,6 +101,10 @@ def shared_prefix_logprobs(
     if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):
         raise ValueError("rows of the batch do not share their first prefix_len tokens")
     head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)  # only the last prefix position predicts a sampled token
+    if pack_suffixes is None:
+        pack_suffixes = getattr(model.config, "_attn_implementation", None) in _MASKED_ATTENTION
+    if pack_suffixes:
+        return _packed_suffixes(model, batch, prefix_len, head, temperature, chunk_size)
     cache = head.past_key_values
     cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...], differentiable
     suffix = batch.input_ids[:, prefix_len:]  # [B, S]
@@ -98,6 +113,35 @@ def shared_prefix_logprobs(
     tail = model(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     predicting = torch.cat([head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], dim=1)  # [B, S, V]
     return _logprobs_of(predicting, suffix, temperature, chunk_size, lead=prefix_len)
+
+
+def _packed_suffixes(model, batch: TrainBatch, prefix_len: int, head, temperature: float, chunk_size: int):
+    """The suffixes of `batch` as one packed row over `head`'s cache; lp and entropy back in [B, T]."""
+    rows, width = batch.input_ids.shape
+    device = batch.input_ids.device
+    real = batch.attention_mask[:, prefix_len:].bool()  # [B, S]: right padding is False
+    suffix = batch.input_ids[:, prefix_len:]  # [B, S]
+    ids = suffix[real][None]  # [1, N], row after row
+    n = ids.shape[1]
+    seq = torch.arange(rows, device=device).repeat_interleave(real.sum(-1))  # [N]: the row of each packed token
+    offset = torch.arange(suffix.shape[1], device=device).expand(rows, -1)[real]  # [N]: its place in the row
+    index = torch.arange(n, device=device)
+    own = (seq[:, None] == seq[None, :]) & (index[None, :] <= index[:, None])  # [N, N] causal within a row
+    allowed = torch.cat([own.new_ones(n, prefix_len), own], dim=1)  # [N, P + N]: the prefix is seen by all
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    tail = model(
+        input_ids=ids, attention_mask=mask[None, None], position_ids=(prefix_len + offset)[None],
+        past_key_values=head.past_key_values, use_cache=True,
+    )  # fmt: skip
+    # token n is predicted by packed position n - 1, except a row's first token: the prefix's last position
+    lp_next, ent_next = _logprobs_of(tail.logits[:, :-1], ids[:, 1:], temperature, chunk_size, lead=1)  # [1, N]
+    lp_first, ent_first = _logprobs_of(head.logits[:, -1:].expand(rows, -1, -1), suffix[:, :1], temperature, chunk_size, lead=0)  # [B, 1]
+    first = offset == 0  # [N]
+    lp = torch.where(first, lp_first[seq, 0], lp_next[0])  # [N]
+    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
+    placed = torch.cat([real.new_zeros(rows, prefix_len), real], dim=1)  # [B, T]
+    return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(rows, width).masked_scatter(placed, entropy)
 
 
 def _chunk_logprobs(

@@ -66,14 +66,17 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         drop = (cum - sorted_p) > top_ps[:, None]  # keep the smallest prefix reaching top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [R]
+    if any(r.generator is None for r in rows):
+        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [R]
+    else:  # every row is seeded (a training step's requests): no batch-wide draw to throw away
+        sampled = torch.zeros(len(rows), dtype=torch.long)
     for j, r in enumerate(rows):
         if r.generator is not None:  # seeded request: its draws don't depend on its batch-mates
             sampled[j] = torch.multinomial(probs[j], 1, generator=r.generator)[0]
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
-    greedy_logp = torch.log_softmax(logits, dim=-1)
-    chosen = torch.where(greedy[:, None], greedy_logp, logp).gather(-1, tokens[:, None]).squeeze(-1)
+    if bool(greedy.any()):  # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
+        logp = torch.where(greedy[:, None], torch.log_softmax(logits, dim=-1), logp)
+    chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, chosen
 
 

@@ -1,18 +1,20 @@
 """The title reward model: predicts a story's log points from (body, title), rescaled to about 0..1.
 
-Features (`TitleStoryEncoder`): a hashed bag of the title's word 1- and 2-grams (the wording a
-reader reacts to), plus two pair features a linear head cannot build from bags alone, because
-relevance is an interaction of body and title: the share of the title's claims found in the
-body, and how many were found (`support.py`). A ridge head (`grooves.rewards.RidgeHead`) is fit
-on log(1 + points), with its penalty picked on a validation split and its quality reported on
-held-out stories.
+Features (`TitleStoryEncoder`): a hashed bag of the title's word 1- and 2-grams and a hashed bag
+of the body's, each L2-normalized on its own (one shared norm would let the longer body drown
+the title). A ridge head (`grooves.rewards.RidgeHead`) is fit on log(1 + points), with its
+penalty picked on a validation split and its quality reported on held-out stories.
 
-This is the kind of reward model a team would ship: it ranks held-out titles well. It is also
-linear in the wording, so it has learned that "Show HN" and "shocking" raise points and will
-keep adding for every further phrase far beyond anything in its training data; the policy finds
-that. The reward is the prediction rescaled so that the 5th and 95th percentiles of the model's
+This is the reward model a team would ship first: cheap, deterministic, and it ranks held-out
+titles well (see `prepare.py`). Its blind spot is the one the field knows. A linear model on bags
+of words adds a weight per title word and a weight per body word; it cannot represent whether
+the title fits the story, and it has learned that "Show HN" and "shocking" pay, so it keeps
+adding for every further phrase far beyond anything in its data. The policy finds that. The
+supported-claims gate (`support.py`) is exactly the signal it lacks.
+
+The reward is the prediction rescaled so that the 5th and 95th percentiles of the model's
 predictions on the corpus's own titles map to 0 and 1. It is not clipped: a hack scoring far
-above every human title is the signal the watch should see.
+above every human title is what the watch should see.
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ import torch
 from grooves.rewards import HashedNgramEncoder, RewardModel, RidgeHead
 from grooves.rewards.model import Example, train_reward_model
 from grooves.tasks.hn_titles.corpus import Story
-from grooves.tasks.hn_titles.support import check_support
 
 NORMALIZATION_FILE = "normalization.json"
 
 
 class TitleStoryEncoder:
-    """[hashed title n-grams (dim), supported share, supported count / 4] for (body, title) pairs."""
+    """[hashed title n-grams (dim), hashed body n-grams (dim)] for (body, title) pairs, each half L2-normalized."""
 
     kind = "hn-title-story"
 
@@ -45,13 +46,12 @@ class TitleStoryEncoder:
 
     @property
     def dim(self) -> int:
-        return self.title.dim + 2
+        return 2 * self.title.dim
 
     def encode(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
-        words = self.title.encode(pairs)  # [B, dim]
-        support = [check_support(title, body) for body, title in pairs]
-        pair = torch.tensor([[s.fraction, len(s.supported) / 4.0] for s in support], dtype=torch.float32)  # [B, 2]
-        return torch.cat([words, pair.reshape(len(pairs), 2)], dim=1)  # [B, dim + 2]
+        titles = self.title.encode(pairs)  # [B, dim]
+        bodies = self.title.encode([("", body) for body, _ in pairs])  # [B, dim]
+        return torch.cat([titles, bodies], dim=1)  # [B, 2 * dim]
 
     def spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "dim": self.title.dim, "ngrams": list(self.title.ngrams)}

@@ -2,8 +2,8 @@
 
 A title's *claims* are its content words: every word that is not a function word, which covers
 numbers ("40"), names ("Quill", "MIT") and assertions ("shocking", "finally", "believe"). A claim
-is supported when the same word, after light normalization (lower case, possessive and plural
-`s` dropped), occurs in the story. The check is extractive on purpose: it cannot be argued with,
+is supported when the same word, after light normalization (lower case, a possessive and a
+plural or -ing/-ed ending dropped), occurs in the story. The check is extractive on purpose: it cannot be argued with,
 costs microseconds, and is exactly what a sensational title fails, because "You won't believe
 this shocking 10x trick" asserts things no story says. Its price is that an honest paraphrase
 ("speeds up" for "cuts ... time") counts as unsupported; an LLM judge (see `task.py`, gate
@@ -26,24 +26,37 @@ FUNCTION_WORDS = frozenset(
     am do does did has have had will would can could should may might must shall won't don't
     doesn't didn't can't isn't aren't wasn't weren't i me my we us our you your he him his she her
     they them their who whom whose which what when where why how all any some each every no not
-    just now up out off new via vs one's let's""".split()
+    just now up out off new via vs let's i'm you're you'll you've we're we'll they're he's she's
+    that's here's there's what's who's""".split()
 )
 """Words that assert nothing on their own. "new" is here because every story is news."""
 
 
 def normalize(word: str) -> str:
-    """Lower case, possessive and plural `s` dropped: "Bees'" / "bee's" / "bees" -> "bee".
+    """A light suffix stripper applied to story and title alike, so word forms meet.
 
-    >>> [normalize(w) for w in ["Quill's", "Bees", "class", "its", "40"]]
-    ['quill', 'bee', 'class', 'its', '40']
+    Lower case; drop a possessive `'s`, then one of the endings -ies (-> y), -s, -ing, -ed, then
+    a final -e. It is not linguistics, only consistent: "release", "releases" and "released"
+    all become "releas", "build" and "building" both "build".
+
+    >>> [normalize(w) for w in ["Quill's", "Bees", "released", "release", "building", "studies", "class", "40"]]
+    ['quill', 'bee', 'releas', 'releas', 'build', 'study', 'class', '40']
     """
     w = word.lower().replace("\u2019", "'")
     if w.endswith("'s"):
         w = w[:-2]
     w = w.rstrip("'")
-    if len(w) > 3 and w.endswith("s") and not w.endswith("ss") and w not in FUNCTION_WORDS:
+    if w in FUNCTION_WORDS or not w.isalpha() or len(w) <= 3:
+        return w
+    if w.endswith("ies") and len(w) > 4:
+        return w[:-3] + "y"
+    if w.endswith("s") and not w.endswith("ss"):
         w = w[:-1]
-    return w
+    elif w.endswith("ing") and len(w) > 5:
+        w = w[:-3]
+    elif w.endswith("ed") and len(w) > 4:
+        w = w[:-2]
+    return w[:-1] if w.endswith("e") and len(w) > 3 else w
 
 
 def words(text: str) -> list[str]:
@@ -56,7 +69,7 @@ def claims(title: str) -> list[str]:
     """The title's content words, in order, without repeats.
 
     >>> claims("Show HN: Quill, a tiny database written in Rust")
-    ['show', 'hn', 'quill', 'tiny', 'database', 'written', 'rust']
+    ['show', 'hn', 'quill', 'tiny', 'databas', 'written', 'rust']
     """
     out: list[str] = []
     for w in words(title):

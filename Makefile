@@ -9,7 +9,7 @@ $(BIN)/grooves: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
@@ -29,6 +29,13 @@ test: setup
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
+
+bench: setup
+	$(BIN)/grooves models fetch
+	$(BIN)/python benchmarks/bench_generation.py
+	$(BIN)/python benchmarks/bench_floor.py
+	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
+	$(BIN)/python benchmarks/bench_watch_fpr.py
 
 bench-trl: setup
 	bash benchmarks/setup_trl_env.sh

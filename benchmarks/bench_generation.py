@@ -7,17 +7,16 @@ end-of-turn token), divided by wall time. Each method gets one warm-up run, then
 `--runs` timed runs.
 
 On a shared machine the load changes by the minute, so the methods take turns (round r of every
-method before round r+1) instead of running back to back, and every timed call runs on a fresh
-worker thread, as the server's sampler does: on a loaded 2-core machine we saw the same sampling
-call run 5-8x slower on Python's main thread than on a worker thread, which would otherwise make
-the server row look faster than the sampler it wraps.
+method before round r+1) instead of running back to back, and each run's time is printed.
 
-Rows:
-- grooves sample: `TransformersPolicy.generate`, the batched KV-cache sampler (one shared prefill);
-- grooves server: the same through the OpenAI-compatible app and the `openai` client, in process;
-- transformers generate: `model.generate(num_return_sequences=n, do_sample=True)`.
+OpenMP's wait policy matters a lot on a loaded machine: by default libgomp's idle threads spin,
+and when a process's OpenMP threads number no more than its cores (one pool of 2 threads on 2
+cores) they spin long enough that every barrier waits on a descheduled thread. We measured the
+server's sampler thread at 45-98 s for a call (n=8, 24 tokens) that took 6 s on another thread
+of the same process; with `OMP_WAIT_POLICY=PASSIVE` the same call took 6.0-7.5 s. Set it in the environment (it is
+read when torch loads) and it shows in the table title.
 
-    python benchmarks/bench_generation.py            # n=8, 64 new tokens, threads = cores
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_generation.py   # n=8, 64 new tokens, threads = cores
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import threading
 import time
 
 import torch
@@ -43,29 +41,16 @@ PROMPT = (
 )
 
 
-def _on_worker(fn) -> tuple[float, int]:
-    """(seconds, tokens) of one call of fn, run on a new thread; fn() returns the tokens it made."""
-    out: list[tuple[float, int]] = []
-
-    def body() -> None:
-        start = time.perf_counter()
-        tokens = fn()
-        out.append((time.perf_counter() - start, tokens))
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    return out[0]
-
-
 def _timed_rounds(fns: dict, runs: int) -> dict[str, list[tuple[float, int]]]:
     """(seconds, tokens) of each timed run per method: one warm-up each, then `runs` interleaved rounds."""
     for fn in fns.values():
-        _on_worker(fn)
+        fn()
     samples: dict[str, list[tuple[float, int]]] = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
-            samples[name].append(_on_worker(fn))
+            start = time.perf_counter()
+            tokens = fn()
+            samples[name].append((time.perf_counter() - start, tokens))
     return samples
 
 
@@ -135,13 +120,14 @@ def main() -> None:
     base = medians["transformers generate"][1] / medians["transformers generate"][0]
 
     table = Table(title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
-                        f"{args.threads} threads, median of {args.runs}")
+                        f"{args.threads} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+                        f"median of {args.runs}")
     for col in ("method", "tokens", "median s", "tokens/s", "vs generate", "each run s"):
         table.add_column(col, justify="left" if col in ("method", "each run s") else "right")
     for name, (sec, tok) in medians.items():
         each = " ".join(f"{s:.2f}" for s, _ in results[name])  # spread shows how much the shared machine interfered
         table.add_row(name, str(tok), f"{sec:.2f}", f"{tok / sec:.1f}", f"{tok / sec / base:.2f}x", each)
-    Console().print(table)
+    Console(width=140).print(table)
     print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores)")
 
 

@@ -1,4 +1,4 @@
-"""Helpers for the adapter tests: real peft adapters and run folders on the tiny model."""
+"""Shared by the adapter tests: real peft adapters and run folders built on the tiny model."""
 
 from __future__ import annotations
 

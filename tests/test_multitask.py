@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 
@@ -9,12 +10,12 @@ import pytest
 
 from grooves.config import ConfigError, parse_config
 from grooves.tasks.mixture import TASK_KEY, TaskMixture, WeightedTask
-from grooves.tasks.toy import ToyTokensTask
 from grooves.trainer import ScenarioStream, train
+from grooves.trajectory import Trajectory
 
 
 class ListTask:
-    """A task that is just its scenarios (the stream never calls rollout)."""
+    """A task whose rollout records the scenario it was given (no model needed)."""
 
     def __init__(self, name: str, n_train: int, n_val: int = 3):
         self.name = name
@@ -23,8 +24,8 @@ class ListTask:
     def scenarios(self, split):
         return self._splits[split]
 
-    async def rollout(self, model, scenario):  # pragma: no cover - not used by these tests
-        raise NotImplementedError
+    async def rollout(self, model, scenario):
+        return Trajectory(reward=float(len(self.name)), metadata={"seen": dict(scenario)})
 
 
 def _mixture(weights: dict[str, float]) -> TaskMixture:
@@ -71,6 +72,16 @@ def test_validation_interleaves_tasks():
     val = mixture.scenarios("validation")
     assert [s[TASK_KEY] for s in val] == ["a", "b", "a", "a"]
     assert [s[TASK_KEY] for s in val[:2]] == ["a", "b"]  # a short validation still sees every task
+
+
+def test_rollout_goes_to_the_scenarios_task():
+    mixture = TaskMixture([WeightedTask("a", ListTask("a", 3), 1.0), WeightedTask("bb", ListTask("bb", 3), 1.0)])
+    (_, scenario), = [(i, s) for i, s in mixture.stream(seed=0).take(8) if s[TASK_KEY] == "bb"][:1]
+    traj = asyncio.run(mixture.rollout(None, scenario))
+    assert traj.reward == 2.0 and traj.metadata["task"] == "bb"
+    assert traj.metadata["seen"] == {"i": scenario["i"]}  # the member sees its own scenario, untagged
+    with pytest.raises(ValueError, match="not one of this mixture's tasks"):
+        asyncio.run(mixture.rollout(None, {"i": 0, TASK_KEY: "zzz"}))
 
 
 def test_config_errors_name_the_problem():

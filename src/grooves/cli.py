@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import typer
 
+from grooves.adapters import cli as adapters_cli
+from grooves.envs import cli as env_cli
+from grooves.judge import cli as judge_cli
+from grooves.policy import cli as policy_cli
 from grooves.report import cli as report_cli
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train small agent models with RL.")
 
-# sub-command groups (one line each)
-app.add_typer(report_cli.app)
-from grooves.policy import cli as policy_cli  # noqa: E402, I001
+# training (defined below), serving, adapters
 app.command("serve")(policy_cli.serve_command)
 app.add_typer(policy_cli.models_app, name="models")
-from grooves.judge import cli as judge_cli  # noqa: E402, I001
-app.add_typer(judge_cli.app, name="judge")
-from grooves.envs import cli as env_cli  # noqa: E402
-
-app.add_typer(env_cli.app, name="env")
-from grooves.adapters import cli as adapters_cli  # noqa: E402, I001
 app.command("export")(adapters_cli.export_command)
 app.command("sft")(adapters_cli.sft_command)
 app.add_typer(adapters_cli.weights_app, name="weights")
 app.add_typer(adapters_cli.adapters_app, name="adapters")
-# end of sub-command groups
+# judging, environments, reports
+app.add_typer(judge_cli.app, name="judge")
+app.add_typer(env_cli.app, name="env")
+app.add_typer(report_cli.app)
 
 
 @app.command("train")

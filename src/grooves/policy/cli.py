@@ -6,6 +6,7 @@ are imported only inside the commands that load a model.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -70,6 +71,9 @@ def serve_command(
     for name, path in named:
         table.add(name, path)
     console.print(f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False)
+    if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
+        # libgomp's spinning threads slowed the sampler 5-15x when other processes shared the cores
+        console.print("tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)", highlight=False)
     serve(policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin)
 
 

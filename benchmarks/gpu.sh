@@ -6,8 +6,8 @@
 #   MODEL_DIR=/path/to/model bash benchmarks/gpu.sh
 #   TRL_VLLM=0 bash benchmarks/gpu.sh      # TRL samples with transformers' generate instead
 #
-# vLLM pins its own CUDA torch and transformers (vllm 0.33.0: torch 2.14.0, transformers < 5.21),
-# which cannot share an environment with grooves' CPU pins, so everything GPU lives in its own
+# vLLM pins its own CUDA torch, transformers and fastapi (vllm 0.33.0: torch 2.14.0, transformers
+# < 5.21, fastapi < 0.137), which cannot share an environment with grooves' pins, so everything GPU lives in its own
 # virtualenv, benchmarks/.venv-gpu (GPU_VENV to change), made on first use. Budget: the install is
 # skipped when the venv exists; model load + CUDA graphs ~1-2 min each; 1 warm-up + 3 steps.
 set -euo pipefail
@@ -24,16 +24,17 @@ if ! "$venv/bin/python" -c "import vllm, trl, grooves" >/dev/null 2>&1; then
     echo "== creating $venv (vllm, trl, grooves without its CPU pins)"
     test -x "$venv/bin/python" || "$py" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q vllm==0.33.0 trl==1.16.0 accelerate==1.16.0 datasets==5.2.0
-    # grooves' own dependencies except torch and transformers, which vLLM chose
+    # grooves' own pins, except the four vLLM constrains: torch, transformers, fastapi and numpy get
+    # the versions pip resolves next to vllm 0.33.0 (grooves' tests pass with them on CPU)
     deps="$("$venv/bin/python" - <<'PY'
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-print(" ".join(d for d in deps if re.split(r"[=<>!~ ]", d)[0] not in ("torch", "transformers")))
+print(" ".join(d for d in deps if re.split(r"[=<>!~ ]", d)[0] not in ("torch", "transformers", "fastapi", "numpy")))
 PY
 )"
     # shellcheck disable=SC2086
-    "$venv/bin/pip" install -q $deps
+    "$venv/bin/pip" install -q vllm==0.33.0 trl==1.16.0 accelerate==1.16.0 datasets==5.2.0 \
+        transformers==5.20.2 numpy==2.3.5 fastapi==0.136.3 $deps
     "$venv/bin/pip" install -q --no-deps -e .
 fi
 "$venv/bin/python" -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'

@@ -1,9 +1,9 @@
 """The demonstration's picture: the ungated and the gated run side by side, step by step.
 
 Four panels from each run's metrics.jsonl: the trained reward, the share of honest titles (every
-claim in the story), the generator's noise-free log points (what readers would really give),
-and the share of distinct titles in the step. The first critical finding of each run is a dashed
-vertical line in that run's colour.
+claim in the story), the reward model's score before any gate, and the share of distinct titles
+in the step. The first `collapse` finding of each run is a dashed vertical line in that run's
+colour.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from grooves.watch import read_findings  # noqa: E402
 PANELS = [
     ("reward_mean", "trained reward (reward model, gated)"),
     ("success_rate", "honest titles (every claim in the story)"),
-    ("check/generator_log_points", "true log points (generator, no noise)"),
+    ("reward/rm_mean", "reward model score (before the gate)"),
     ("distinct_title_fraction", "distinct titles in the step"),
 ]
 COLOURS = ["#c0392b", "#1f77b4", "#2ca02c", "#9467bd"]
@@ -38,15 +38,14 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     for colour, run_dir in zip(COLOURS, run_dirs, strict=False):
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         findings_file = run_dir / "findings.jsonl"
-        critical = [f for f in read_findings(findings_file) if f.severity == "critical"] if findings_file.exists() else []
-        label = run_dir.name
-        if critical:
-            label += f" (watch: {critical[0].detector} at step {critical[0].step})"
+        findings = read_findings(findings_file) if findings_file.exists() else []
+        collapse = [f for f in findings if f.detector == "collapse"]
+        label = run_dir.name + (f" (collapse found at step {collapse[0].step})" if collapse else " (no collapse found)")
         for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
             x, y = _series(rows, key)
             ax.plot(x, y, color=colour, lw=1.8, label=label)
-            if critical:
-                ax.axvline(critical[0].step, color=colour, ls="--", lw=1.0)
+            if collapse:
+                ax.axvline(collapse[0].step, color=colour, ls="--", lw=1.0)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
     for ax in axes[1]:

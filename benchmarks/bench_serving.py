@@ -21,35 +21,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from grooves.scale.policy_server import ThreadedServer
+
 
 @contextmanager
 def http_server(app):
-    """uvicorn on a free local port in a background thread; yields the /v1 base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    """The app on a free loopback port in a background thread; yields the /v1 base URL."""
+    with ThreadedServer(app) as server:
+        yield server.base_url + "/v1"
 
 
 def random_adapter(base: Path, out: Path, seed: int = 0) -> Path:

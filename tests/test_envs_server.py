@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
@@ -22,28 +18,15 @@ from grooves.envs.remote import RemoteEnvError, RemoteEnvironment
 from grooves.envs.server import create_app
 from grooves.envs.task import SqliteEnvironment, TaskSpec, assign_splits
 from grooves.envs.tools import Tool, obj
+from grooves.scale.policy_server import ThreadedServer
 from test_envs_rollout import ScriptedClient, refund_scenario, support_agent
 
 
 @contextmanager
 def http_server(app):
-    """uvicorn on 127.0.0.1 on a free port, in a background thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    """The app on a free loopback port in a background thread; yields the base URL."""
+    with ThreadedServer(app) as server:
+        yield server.base_url
 
 
 def tool_call(name, args, call_id="c1"):

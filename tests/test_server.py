@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 from openai import OpenAI
 from typer.testing import CliRunner
@@ -19,6 +16,7 @@ from typer.testing import CliRunner
 from grooves.cli import app as cli_app
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers_policy import TransformersPolicy
+from grooves.scale.policy_server import ThreadedServer
 from grooves.server import create_app, inprocess_client
 
 WEATHER_TOOL = {
@@ -61,23 +59,9 @@ def assert_choice_matches_forward(policy, choice, temperature):
 
 @contextmanager
 def http_server(app):
-    """uvicorn on 127.0.0.1 on a free port, in a background thread; yields the /v1 base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    """The app on a free loopback port in a background thread; yields the /v1 base URL."""
+    with ThreadedServer(app) as server:
+        yield server.base_url + "/v1"
 
 
 def test_n8_tokens_and_logprobs_equal_a_forward_pass(policy, app):

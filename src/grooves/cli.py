@@ -43,21 +43,10 @@ def train_command(
     set_: list[str] = typer.Option([], "--set", help="Override a field: --set optim.lr=1e-4 (value parsed as TOML)."),
 ) -> None:
     """Train an adapter with RL as the run file describes."""
-    import tomllib
+    from grooves.config import ConfigError, load_config, parse_overrides
 
-    from grooves.config import ConfigError, load_config
-
-    overrides = {}
-    for item in set_:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--set {item!r}: expected key=value", param_hint="--set")
-        try:
-            overrides[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key] = value
     try:
-        config = load_config(run_file, overrides)
+        config = load_config(run_file, parse_overrides(set_))
     except ConfigError as exc:
         typer.echo(f"error in {run_file}:\n{exc}", err=True)
         raise typer.Exit(2) from None

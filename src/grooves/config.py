@@ -234,6 +234,20 @@ def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
     return parse_config(data)
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """`--set key=value` options as a dict; values are read as TOML (numbers, booleans, lists), else kept as text."""
+    overrides: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=1e-4")
+        try:
+            overrides[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def _set_nested(data: dict, keys: list[str], value) -> None:
     for k in keys[:-1]:
         data = data.setdefault(k, {})

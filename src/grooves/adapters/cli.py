@@ -181,20 +181,13 @@ def sft_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
 ) -> None:
     """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
-    import tomllib
-
-    from grooves.config import ConfigError
+    from grooves.config import ConfigError, parse_overrides
     from grooves.sft import ChatError, load_sft_config, sft
 
-    overrides: dict = {}
-    for item in set_:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--set {item!r}: expected key=value", param_hint="--set")
-        try:
-            overrides[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key] = value
+    try:
+        overrides = parse_overrides(set_)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
     named = {"data": data, "model.base_model": model, "output_dir": output_dir, "steps": steps, "optim.lr": lr}
     overrides.update({k: v for k, v in named.items() if v is not None})
     try:

@@ -284,6 +284,16 @@ def test_rescoring_on_shuffled_inputs():
     assert all("scored" not in t.metadata for g in hyped for t in g.trajectories)
 
 
+def test_rescoring_stays_quiet_while_every_score_is_equal():
+    """A sparse reward nobody earns yet (all 0, own and shuffled) says nothing about the input."""
+    detector = InputIndependence(InputIndependenceConfig(rescore_every=1), rescore=lambda t, s: 0.0)
+    obs = detector.observe(view(0, groups=grounded_groups(np.random.default_rng(9))))
+    assert obs.findings == [] and "watch/input_independence/rescore_effect" not in obs.stats
+    detector.rescore = overlap_reward  # once scores spread, the test runs and a grounded reward passes
+    obs = detector.observe(view(1, groups=grounded_groups(np.random.default_rng(10))))
+    assert obs.findings == [] and obs.stats["watch/input_independence/rescore_effect"] > 1.0
+
+
 def test_a_failing_rescorer_is_a_notice_not_a_crash():
     def broken(trajectory, scenario):
         raise TimeoutError("judge timed out")

@@ -182,9 +182,10 @@ class InputIndependence:
             if errors:
                 obs.findings.append(self._rescore_failed(view.step, errors))
             return
+        if float(np.std(own + shuffled)) == 0:
+            return  # every score equal (e.g. a gated reward nobody earns yet): nothing to compare
         if self._scale is None:
-            spread = float(np.std(own)) or float(np.std(own + shuffled))
-            self._scale = spread if spread > 0 else 1.0
+            self._scale = float(np.std(own)) or float(np.std(own + shuffled))
         effect = float(np.mean(np.subtract(own, shuffled))) / self._scale
         obs.stats["watch/input_independence/rescore_effect"] = effect
         if effect >= c.min_effect:

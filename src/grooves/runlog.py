@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grooves.jsonl import write_models
 from grooves.trajectory import TrajectoryGroup
 
 
@@ -46,11 +47,7 @@ class RunLog:
             f.write(json.dumps(clean) + "\n")
 
     def samples(self, step: int, groups: Sequence[TrajectoryGroup], name: str = "step") -> Path:
-        path = self.dir / "samples" / f"{name}_{step:06d}.jsonl"
-        with path.open("w") as f:
-            for g in groups:
-                f.write(g.model_dump_json() + "\n")
-        return path
+        return write_models(self.dir / "samples" / f"{name}_{step:06d}.jsonl", groups, append=False)
 
     def plot(self) -> Path:
         """Redraw reward_curve.png from metrics.jsonl."""

@@ -13,7 +13,6 @@ failed rollout as data instead of crashing the run.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from grooves.jsonl import read_models, write_models
 
 
 class SampledTurn(BaseModel):
@@ -145,16 +146,11 @@ class TrajectoryGroup(BaseModel):
 
 def write_jsonl(path: str | Path, items: Iterable[BaseModel]) -> None:
     """Append pydantic records to a JSONL file, one per line."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        for item in items:
-            f.write(item.model_dump_json() + "\n")
+    write_models(path, items, append=True)
 
 
 def read_groups(path: str | Path) -> list[TrajectoryGroup]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [TrajectoryGroup.model_validate(json.loads(line)) for line in f if line.strip()]
+    return read_models(path, TrajectoryGroup, what="a trajectory group")
 
 
 RolloutFn = Callable[[Any, dict[str, Any]], Awaitable[Trajectory]]

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from grooves.jsonl import read_models, write_models
 from grooves.judge.absolute import AbsoluteJudge
 from grooves.judge.client import JudgeClient
 from grooves.judge.errors import JudgeError
@@ -169,20 +170,9 @@ async def score_items(
 
 def read_records(path: str | Path) -> list[ScoreRecord]:
     """Read a scores JSONL file written by `grooves judge score`."""
-    path = Path(path)
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    out.append(ScoreRecord.model_validate_json(line))
-                except ValidationError as exc:
-                    raise ValueError(f"{path}:{lineno}: not a score record: {exc.errors()[0]['msg']}") from exc
-    return out
+    return read_models(path, ScoreRecord, what="a score record")
 
 
 def write_records(path: str | Path, records: Sequence[BaseModel]) -> None:
     """Write records as JSONL, replacing the file (a scores file is one batch, one rubric)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(r.model_dump_json() + "\n" for r in records), encoding="utf-8")
+    write_models(path, records, append=False)

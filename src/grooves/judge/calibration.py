@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from grooves.jsonl import read_models, write_models
 from grooves.judge.agreement import mean_abs_diff, pearson, spearman
 from grooves.judge.batch import ScoreRecord
 
@@ -107,25 +108,11 @@ def import_verdicts(records: Sequence[ScoreRecord], path: str | Path) -> list[Ve
 
 
 def read_verdicts(path: str | Path) -> list[Verdict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append(Verdict.model_validate_json(line))
-            except ValidationError as exc:
-                raise ValueError(f"{path}:{lineno}: not a verdict: {exc.errors()[0]['msg']}") from exc
-    return out
+    return read_models(path, Verdict, what="a verdict", missing_ok=True)
 
 
 def append_verdicts(path: str | Path, verdicts: Sequence[Verdict]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        for v in verdicts:
-            f.write(v.model_dump_json() + "\n")
+    write_models(path, verdicts, append=True)
 
 
 def latest_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Verdict]:

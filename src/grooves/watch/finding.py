@@ -7,12 +7,12 @@ numbers and short strings only, never whole trajectories.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from grooves.jsonl import read_models, write_models
 from grooves.watch.config import Severity
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
@@ -47,17 +47,9 @@ def at_least(severity: str, floor: str) -> bool:
 
 def write_findings(path: str | Path, findings: list[Finding]) -> None:
     """Append findings to a JSONL file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        for finding in findings:
-            f.write(finding.model_dump_json() + "\n")
+    write_models(path, findings, append=True)
 
 
 def read_findings(path: str | Path) -> list[Finding]:
     """Read `findings.jsonl`; a missing file means no findings."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [Finding.model_validate(json.loads(line)) for line in f if line.strip()]
+    return read_models(path, Finding, what="a finding", missing_ok=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from grooves.jsonl import write_models
 from grooves.tasks.hn_titles.support import supported_fraction
 
 
@@ -74,12 +75,7 @@ def read_stories(path: str | Path) -> list[Story]:
 
 
 def write_stories(path: str | Path, stories: Iterable[Story]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for story in stories:
-            f.write(story.model_dump_json() + "\n")
-    return path
+    return write_models(path, stories, append=False)
 
 
 SENSATIONAL = {

@@ -1,0 +1,42 @@
+"""JSONL files of pydantic records: the one reader and writer behind every record file.
+
+Trajectories, scores, verdicts, findings and stories are all one JSON object per line. A line that
+does not parse is an error naming the file and the line, never a silently dropped record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def write_models(path: str | Path, records: Iterable[BaseModel], *, append: bool) -> Path:
+    """Write records one per line; `append` adds to the file, otherwise it is replaced."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(record.model_dump_json() + "\n")
+    return path
+
+
+def read_models(path: str | Path, model: type[M], *, what: str, missing_ok: bool = False) -> list[M]:
+    """Read records of `model`; a bad line raises ValueError("FILE:LINE: not a WHAT: ...")."""
+    path = Path(path)
+    if missing_ok and not path.exists():
+        return []
+    out: list[M] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(model.model_validate_json(line))
+            except ValidationError as exc:
+                raise ValueError(f"{path}:{lineno}: not {what}: {exc.errors()[0]['msg']}") from exc
+    return out

@@ -116,3 +116,18 @@ def test_prompts_and_params_must_pair_up(model_and_tokenizer):
     model, tok = model_and_tokenizer
     with pytest.raises(ValueError, match="same length"):
         _run(model, tok, [[1, 2], [3]], [SamplingParams()])
+
+
+def test_draws_follow_the_softmax_at_the_temperature_and_never_pick_a_zero_probability_token():
+    from grooves.policy.sampling import _Row, _sample_rows
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
+    draws = 20_000
+    rows = [_Row(request=0, temperature=0.5, top_p=1.0, max_tokens=1, stop=[]) for _ in range(draws)]
+    tokens, logps = _sample_rows(logits.expand(draws, -1).clone(), rows, torch.Generator().manual_seed(0))
+    expected = torch.softmax(logits / 0.5, dim=-1)  # [0.865, 0.117, 0.0158, 0.0021, 0]
+    freq = torch.bincount(tokens, minlength=5).double() / draws
+    assert freq[4] == 0
+    # binomial standard error at 20k draws is <= 0.0036; 4 of them is a test that fails for a wrong sampler
+    assert freq.tolist() == pytest.approx(expected.tolist(), abs=4 * 0.0036)
+    assert torch.allclose(logps, expected.log()[tokens])

@@ -79,13 +79,15 @@ def shared_prefix_logprobs(
     """`token_logprobs` for a padded batch whose rows all start with the same `prefix_len` tokens
     (a GRPO group's prompt), computing that prefix once instead of once per row.
 
-    The prefix runs once as a [1, P] forward. With sdpa / eager attention the rows' suffixes are
-    then packed, without their padding, into one [1, N] row on top of the prefix's KV cache, with
-    a mask that lets each suffix token see the whole prefix and the earlier tokens of its own
-    row: P + N tokens of compute instead of B T (padding a group to its longest completion
-    wastes a quarter of the tokens in a typical GRPO step). Other attention implementations
-    (flash attention takes no 4-D mask) repeat the prefix's cache for the B rows and run the
-    padded [B, T - P] suffixes instead (`pack_suffixes` forces one way). Gradients flow through the shared cache, so the LoRA
+    With sdpa / eager attention the prefix and the rows' suffixes, without their padding, run as
+    one packed [1, P + N] row under a mask that lets each suffix token see the whole prefix and
+    the earlier tokens of its own row: P + N tokens of compute instead of B T (padding a group to
+    its longest completion wastes a quarter of the tokens in a typical GRPO step), in one forward
+    (a separate prefix forward would stream every weight once more, at a poor matmul rate for its
+    few rows), and the output head runs only on the N + 1 positions that predict a sampled token.
+    Other attention implementations (flash attention takes no 4-D mask) run the prefix once, repeat
+    its KV cache for the B rows and run the padded [B, T - P] suffixes on it (`pack_suffixes`
+    forces one way). Gradients flow through the shared prefix, so the LoRA
     weights get exactly the gradient of B separate full forwards. Returns lp and entropy [B, T]
     in the same layout as `token_logprobs` (0 on prefix positions, which are never sampled; values
     on padding are meaningless, as there).
@@ -100,11 +102,11 @@ def shared_prefix_logprobs(
     prefix = batch.input_ids[:1, :prefix_len]  # [1, P]
     if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):
         raise ValueError("rows of the batch do not share their first prefix_len tokens")
-    head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)  # only the last prefix position predicts a sampled token
     if pack_suffixes is None:
         pack_suffixes = getattr(model.config, "_attn_implementation", None) in _MASKED_ATTENTION
     if pack_suffixes:
-        return _packed_suffixes(model, batch, prefix_len, head, temperature, chunk_size)
+        return _packed_with_prefix(model, batch, prefix_len, temperature, chunk_size)
+    head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)  # only the last prefix position predicts a sampled token
     cache = head.past_key_values
     cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...], differentiable
     suffix = batch.input_ids[:, prefix_len:]  # [B, S]
@@ -115,42 +117,51 @@ def shared_prefix_logprobs(
     return _logprobs_of(predicting, suffix, temperature, chunk_size, lead=prefix_len)
 
 
-def _packed_suffixes(model, batch: TrainBatch, prefix_len: int, head, temperature: float, chunk_size: int):
-    """The suffixes of `batch` as one packed row over `head`'s cache; lp and entropy back in [B, T]."""
+def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temperature: float, chunk_size: int):
+    """The prefix and then every row's suffix as one packed [1, P + N] row; lp and entropy back in [B, T]."""
     rows, width = batch.input_ids.shape
     device = batch.input_ids.device
-    real = batch.attention_mask[:, prefix_len:].bool()  # [B, S]: right padding is False
-    suffix = batch.input_ids[:, prefix_len:]  # [B, S]
-    ids = suffix[real][None]  # [1, N], row after row
-    n = ids.shape[1]
+    p = prefix_len
+    real = batch.attention_mask[:, p:].bool()  # [B, S]: right padding is False
+    suffix = batch.input_ids[:, p:]  # [B, S]
+    ids = suffix[real]  # [N], row after row
+    n = ids.shape[0]
     seq = torch.arange(rows, device=device).repeat_interleave(real.sum(-1))  # [N]: the row of each packed token
     offset = torch.arange(suffix.shape[1], device=device).expand(rows, -1)[real]  # [N]: its place in the row
     index = torch.arange(n, device=device)
-    own = (seq[:, None] == seq[None, :]) & (index[None, :] <= index[:, None])  # [N, N] causal within a row
-    allowed = torch.cat([own.new_ones(n, prefix_len), own], dim=1)  # [N, P + N]: the prefix is seen by all
+    allowed = torch.zeros(p + n, p + n, dtype=torch.bool, device=device)
+    allowed[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril()  # the prefix is causal
+    allowed[p:, :p] = True  # every suffix token sees the whole prefix
+    allowed[p:, p:] = (seq[:, None] == seq[None, :]) & (index[None, :] <= index[:, None])  # and its own row, causally
     dtype = model.get_input_embeddings().weight.dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    tail = model(
-        input_ids=ids, attention_mask=mask[None, None], position_ids=(prefix_len + offset)[None],
-        past_key_values=head.past_key_values, use_cache=True,
+    out = model(
+        input_ids=torch.cat([batch.input_ids[0, :p], ids])[None],
+        attention_mask=mask[None, None],
+        position_ids=torch.cat([torch.arange(p, device=device), p + offset])[None],
+        use_cache=False,
+        logits_to_keep=n + 1,  # positions P-1 .. P+N-1: the prefix's earlier positions predict nothing sampled
     )  # fmt: skip
-    # token n is predicted by packed position n - 1, except a row's first token: the prefix's last position
-    lp_next, ent_next = _logprobs_of(tail.logits[:, :-1], ids[:, 1:], temperature, chunk_size, lead=1)  # [1, N]
-    lp_first, ent_first = _logprobs_of(head.logits[:, -1:].expand(rows, -1, -1), suffix[:, :1], temperature, chunk_size, lead=0)  # [B, 1]
+    kept = out.logits  # [1, N + 1, V]; kept[:, k] is packed position P - 1 + k
+    # packed token k is predicted by the position before it (kept[:, k]), except a row's first
+    # token: the prefix's last position (kept[:, 0]); both are read as views, never copied
+    lp_next, ent_next = _logprobs_of(kept[:, :n], ids[None], temperature, chunk_size, lead=0)  # [1, N]
+    lp_first, ent_first = _logprobs_of(kept[:, :1].expand(rows, -1, -1), suffix[:, :1], temperature, chunk_size, lead=0)  # [B, 1]
     first = offset == 0  # [N]
-    lp = torch.where(first, lp_first[seq, 0], lp_next[0])  # [N]
-    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
-    placed = torch.cat([real.new_zeros(rows, prefix_len), real], dim=1)  # [B, T]
-    return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(rows, width).masked_scatter(placed, entropy)
+    lp = torch.where(first, lp_first[seq, 0], lp_next[0])[None]  # [1, N]
+    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])[None]
+    placed = torch.cat([real.new_zeros(rows, p), real], dim=1)  # [B, T]
+    return lp.new_zeros(rows, width).masked_scatter(placed, lp[0]), entropy.new_zeros(rows, width).masked_scatter(placed, entropy[0])
 
 
 def _chunk_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, c, V]
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # [B, c, V]
+    logp = torch.log_softmax(scaled, dim=-1)  # [B, c, V]
     lp = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, c]
-    with torch.no_grad():
-        entropy = torch.special.entr(logp.exp()).sum(-1)  # [B, c]
+    with torch.no_grad():  # -sum p log p from the log-probabilities at hand: no second log over the vocabulary
+        entropy = -(logp.exp() * logp).sum(-1)  # [B, c]; logits are finite, so no 0 * -inf
     return lp, entropy
 
 

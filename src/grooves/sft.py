@@ -227,6 +227,7 @@ def _policy(config: SftConfig):
     return TransformersPolicy(
         config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
         tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
+        merge_for_sampling=config.model.merge_lora_for_sampling,
     )  # fmt: skip
 
 

@@ -124,6 +124,7 @@ def build_policy(config: RunConfig) -> TransformersPolicy:
         tool_format=config.model.tool_format,
         seed=config.seed,
         served_name=config.name,
+        merge_for_sampling=config.model.merge_lora_for_sampling,
     )
 
 

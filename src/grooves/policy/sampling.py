@@ -66,13 +66,19 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         drop = (cum - sorted_p) > top_ps[:, None]  # keep the smallest prefix reaching top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    if any(r.generator is None for r in rows):
-        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [R]
-    else:  # every row is seeded (a training step's requests): no batch-wide draw to throw away
-        sampled = torch.zeros(len(rows), dtype=torch.long)
+    # inverse-CDF draws: one uniform per row (from its own generator when seeded, so its draws
+    # don't depend on its batch-mates) and one batched search, instead of torch.multinomial's
+    # exponential noise over the whole vocabulary for every row
+    uniforms = torch.empty(len(rows), dtype=torch.float64)
+    unseeded = [j for j, r in enumerate(rows) if r.generator is None]
+    if unseeded:
+        uniforms[unseeded] = torch.rand(len(unseeded), generator=generator, dtype=torch.float64)
     for j, r in enumerate(rows):
-        if r.generator is not None:  # seeded request: its draws don't depend on its batch-mates
-            sampled[j] = torch.multinomial(probs[j], 1, generator=r.generator)[0]
+        if r.generator is not None:
+            uniforms[j] = torch.rand((), generator=r.generator, dtype=torch.float64)
+    cdf = probs.double().cumsum(dim=-1)  # [R, V]; float64 so the tail tokens keep their mass
+    sampled = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    sampled = sampled.clamp_(max=probs.shape[-1] - 1)  # u * total rounding up to total
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     if bool(greedy.any()):  # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
         logp = torch.where(greedy[:, None], torch.log_softmax(logits, dim=-1), logp)

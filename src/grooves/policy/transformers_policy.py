@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from grooves.models import resolve_model
+from grooves.policy.merged import MergedWeights
+from grooves.policy.output_head import PlannedHead
 from grooves.policy.sampling import Completion, SamplingParams, sample
 from grooves.policy.tool_format import ToolFormat, tool_format_for
 
@@ -65,6 +67,7 @@ class TransformersPolicy:
         seed: int = 0,
         served_name: str | None = None,
         attn_implementation: str = "sdpa",
+        merge_for_sampling: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,6 +100,10 @@ class TransformersPolicy:
         self.trainable = lora is not None
         self._own_adapter = hasattr(model, "peft_config")
         """The policy's own weights include an adapter (peft's `default`); else they are the base alone."""
+        self._merged = MergedWeights(model) if self._own_adapter and merge_for_sampling else None
+        """The own adapter folded into copies of the base weights, for sampling (see `policy/merged.py`)."""
+        self._head = PlannedHead()
+        """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`)."""
         self.device = device
         self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -184,7 +191,7 @@ class TransformersPolicy:
         `adapter` names an extra adapter loaded with `load_adapter`; None samples with the policy's
         own weights (its training or `adapter_path` adapter, or the base model if it has none).
         """
-        with self.lock, self._adapter_scope(adapter):
+        with self.lock, self._sampling_weights(adapter), self._head.applied(self.model):
             was_training = self.model.training
             self.model.eval()
             try:
@@ -239,6 +246,16 @@ class TransformersPolicy:
         finally:
             for p, flag in flags:  # parameters added meanwhile keep their own (frozen) setting
                 p.requires_grad_(flag)
+
+    @contextlib.contextmanager
+    def _sampling_weights(self, adapter: str | None):
+        """The weights a sampling batch runs on: the own adapter folded in where possible, else peft's layers."""
+        if adapter is None and self._merged is not None and self._merged.supported:
+            with self._keep_requires_grad(), self._merged.applied():
+                yield
+        else:
+            with self._adapter_scope(adapter):
+                yield
 
     @contextlib.contextmanager
     def _adapter_scope(self, adapter: str | None):

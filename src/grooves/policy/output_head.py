@@ -1,0 +1,99 @@
+"""The output head of a decode step, in whichever matmul form is faster for its few rows.
+
+A decode step multiplies 1-8 rows by the output head, the largest weight of a small model
+(SmolLM2-135M: [49152, 576], a fifth of its weights). How fast the BLAS runs `x W^T` at so few
+rows varies a lot between CPUs: with MKL on an AMD EPYC, a [2, 576] x [576, 49152] head took
+25 ms as `x W^T` and 5 ms as `(W x^T)^T` (the same product, as a tall-skinny matmul), and
+1.4x less at 8 rows. So each row count's form is timed once on the head's own weight and the
+faster one is kept (`HeadPlan`); a single row (a matrix-vector product) and prefill-sized
+batches keep the usual form. The result is the same product; only float rounding may differ.
+
+Only the head is planned: the transformer blocks' weights gained nothing measurable overall
+(some shapes and row counts faster, others slower).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+PLANNED_ROWS = range(2, 9)
+"""Row counts a decode step runs at, where the form is chosen by timing."""
+
+
+class HeadPlan:
+    """Whether `(W x^T)^T` beats `x W^T` on this machine, per row count, for one weight."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._transposed: dict[int, bool] = {}
+
+    def transposed(self, rows: int) -> bool:
+        if rows not in PLANNED_ROWS:
+            return False
+        if rows not in self._transposed:
+            self._transposed[rows] = self._time(rows)
+        return self._transposed[rows]
+
+    @torch.no_grad()
+    def _time(self, rows: int) -> bool:
+        w = self.weight
+        x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(3):
+            for transposed in (False, True):
+                start = time.perf_counter()
+                _ = torch.mm(w, x.t()) if transposed else F.linear(x, w)
+                best[transposed] = min(best[transposed], time.perf_counter() - start)
+        return best[True] < 0.9 * best[False]  # a clear win only: a busy machine's timings are noisy
+
+
+class PlannedLinear(torch.nn.Module):
+    """`y = x W^T + b` (frozen, for sampling) in the form `plan` found faster for x's row count."""
+
+    def __init__(self, linear: torch.nn.Linear, plan: HeadPlan):
+        super().__init__()
+        self.weight, self.bias, self.plan = linear.weight, linear.bias, plan
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if not self.plan.transposed(rows):
+            return F.linear(x, self.weight, self.bias)
+        y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t()  # [rows, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+class PlannedHead:
+    """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
+
+    def __init__(self):
+        self._plan: HeadPlan | None = None
+
+    @contextlib.contextmanager
+    def applied(self, model: torch.nn.Module):
+        head = model.get_output_embeddings()
+        slot = _slot_of(model, head) if type(head) is torch.nn.Linear else None
+        if slot is None:
+            yield  # another head type: left as it is
+            return
+        if self._plan is None or self._plan.weight is not head.weight:
+            self._plan = HeadPlan(head.weight)
+        parent, attr = slot
+        setattr(parent, attr, PlannedLinear(head, self._plan))
+        try:
+            yield
+        finally:
+            setattr(parent, attr, head)
+
+
+def _slot_of(model: torch.nn.Module, module: torch.nn.Module) -> tuple[torch.nn.Module, str] | None:
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if child is module:
+                return parent, attr
+    return None

@@ -33,7 +33,7 @@ class ModelConfig(_Section):
     """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
     merge_lora_for_sampling: bool = True
     """transformers backend: sample with the adapter folded into a copy of the adapted weights
-    (one matmul per layer instead of three: ~1.5x faster decoding on CPU, for one more copy of
+    (one matmul per layer instead of three: faster decoding on CPU, for one more copy of
     those weights in memory). false: sample through peft's LoRA layers."""
 
 

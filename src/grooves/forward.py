@@ -148,10 +148,10 @@ def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temperature: 
     lp_next, ent_next = _logprobs_of(kept[:, :n], ids[None], temperature, chunk_size, lead=0)  # [1, N]
     lp_first, ent_first = _logprobs_of(kept[:, :1].expand(rows, -1, -1), suffix[:, :1], temperature, chunk_size, lead=0)  # [B, 1]
     first = offset == 0  # [N]
-    lp = torch.where(first, lp_first[seq, 0], lp_next[0])[None]  # [1, N]
-    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])[None]
+    lp = torch.where(first, lp_first[seq, 0], lp_next[0])  # [N]
+    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
     placed = torch.cat([real.new_zeros(rows, p), real], dim=1)  # [B, T]
-    return lp.new_zeros(rows, width).masked_scatter(placed, lp[0]), entropy.new_zeros(rows, width).masked_scatter(placed, entropy[0])
+    return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(rows, width).masked_scatter(placed, entropy)
 
 
 def _chunk_logprobs(

@@ -25,7 +25,7 @@ import torch
 
 
 class MergedWeights:
-    """The active adapter of a `PeftModel`, folded into copies of its base weights on demand."""
+    """One adapter of a `PeftModel` (peft's `default`: the policy's own), folded into copies of its base weights on demand."""
 
     def __init__(self, model, adapter: str = "default"):
         from peft.tuners.lora import Linear as LoraLinear

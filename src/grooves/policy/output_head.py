@@ -2,14 +2,13 @@
 
 A decode step multiplies 1-8 rows by the output head, the largest weight of a small model
 (SmolLM2-135M: [49152, 576], a fifth of its weights). How fast the BLAS runs `x W^T` at so few
-rows varies a lot between CPUs: with MKL on an AMD EPYC, a [2, 576] x [576, 49152] head took
-25 ms as `x W^T` and 5 ms as `(W x^T)^T` (the same product, as a tall-skinny matmul), and
-1.4x less at 8 rows. So each row count's form is timed once on the head's own weight and the
+rows varies a lot between CPUs, and on some (MKL on an AMD EPYC) `(W x^T)^T`, the same product
+as a tall-skinny matmul, is several times faster at 2 rows. So each row count's form is timed once on the head's own weight and the
 faster one is kept (`HeadPlan`); a single row (a matrix-vector product) and prefill-sized
 batches keep the usual form. The result is the same product; only float rounding may differ.
 
-Only the head is planned: the transformer blocks' weights gained nothing measurable overall
-(some shapes and row counts faster, others slower).
+Only the head is planned: for the transformer blocks' smaller weights the faster form varied
+with shape and row count.
 """
 
 from __future__ import annotations
@@ -73,17 +72,21 @@ class PlannedHead:
 
     def __init__(self):
         self._plan: HeadPlan | None = None
+        self._slot: tuple[torch.nn.Module, torch.nn.Module, str] | None = None
+        """(head, its parent, attribute): found once per head, not at every sampling batch."""
 
     @contextlib.contextmanager
     def applied(self, model: torch.nn.Module):
         head = model.get_output_embeddings()
-        slot = _slot_of(model, head) if type(head) is torch.nn.Linear else None
-        if slot is None:
+        if self._slot is None or self._slot[0] is not head:
+            slot = _slot_of(model, head) if type(head) is torch.nn.Linear else None
+            self._slot = (head, *slot) if slot is not None else None
+        if self._slot is None:
             yield  # another head type: left as it is
             return
         if self._plan is None or self._plan.weight is not head.weight:
             self._plan = HeadPlan(head.weight)
-        parent, attr = slot
+        _, parent, attr = self._slot
         setattr(parent, attr, PlannedLinear(head, self._plan))
         try:
             yield

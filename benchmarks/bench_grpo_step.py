@@ -49,6 +49,7 @@ def grooves_worker(args) -> None:
     import torch
 
     from grooves.config import RunConfig
+    from grooves.optim import adamw
     from grooves.policy.handle import ModelHandle
     from grooves.server import inprocess_client
     from grooves.trainer import build_policy, optimize, seed_everything, to_sequences
@@ -71,7 +72,7 @@ def grooves_worker(args) -> None:
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas)
+    optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
 
     async def rollout(model, scenario) -> Trajectory:
         traj = Trajectory(messages=messages(scenario["country"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grooves.optim import adamw
 from grooves.policy.sampling import SamplingParams, sample
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 
@@ -40,15 +41,20 @@ def policy(tiny_model_dir):
     return policy
 
 
-def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_step(policy):
+@pytest.mark.parametrize("fused", [False, True], ids=["adamw", "fused-adamw"])
+def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_step(policy, fused):
     prompt = policy.render([{"role": "user", "content": "name a colour"}], None)
     base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "base_layer" in n}
 
     _assert_same_draws(policy.generate([prompt], _params(3))[0], _through_peft_layers(policy, prompt, 3))
 
-    # a real AdamW step writes the adapter in place; the folded weights must follow it
+    # a real AdamW step writes the adapter in place; the folded weights must follow it, also when
+    # the fused kernel (grooves' default) writes without bumping the tensors' version counters
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=0.05)
+    if fused:
+        optimizer = adamw(params, lr=0.05, betas=(0.9, 0.999), weight_decay=0.01)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=0.05)
     ids = torch.tensor([prompt])
     before = policy.generate([prompt], _params(3))[0]
     policy.model.train()

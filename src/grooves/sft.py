@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from grooves.config import ConfigError, LoraConfig, ModelConfig, _format, _set_nested
 from grooves.forward import token_logprobs
+from grooves.optim import adamw
 from grooves.runlog import RunLog
 from grooves.tokenize import TrainSequence, pack_batches
 
@@ -279,7 +280,7 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     policy = _policy(config)
     seqs = load_sequences(config.data, policy)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
     steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
     state = _restore(run_dir, resume, policy, optimizer, stream, log)

@@ -42,6 +42,7 @@ from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, s
 from grooves.config import RunConfig, dump_config
 from grooves.forward import shared_prefix_logprobs, token_logprobs
 from grooves.loss import compute_loss
+from grooves.optim import adamw
 from grooves.policy.handle import ModelHandle
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 from grooves.runlog import RunLog
@@ -301,7 +302,7 @@ async def run(
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, config.rollout.temperature, config.rollout.top_p, config.rollout.max_tokens, seed=config.seed)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
     stream = train_stream(task, config.seed)  # ScenarioStream; per-task streams drawn by weight for a mixture
     rollouts = start_rollouts(config.rollout, task.rollout, policy)  # in this process, or Ray actors over HTTP
 

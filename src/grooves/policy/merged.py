@@ -12,9 +12,10 @@ and swapped out after, so the base weights are never changed: peft's in-place
 rounding walk the frozen base weights away from the checkpoint. The cost is one extra copy of the
 adapted weights in memory (~400 MiB in float32 for SmolLM2-135M with all seven projections).
 
-The buffers are refreshed only when an adapter weight changed since the last refresh, which
-torch's per-tensor version counter tells exactly: every in-place write (an optimizer step, a
-checkpoint load) bumps it.
+The buffers are refreshed only when an adapter weight changed since the last refresh. What
+tells is a copy of the adapter weights each fold was made from (a few MiB), compared exactly
+before every sampling batch: torch's per-tensor version counter would be cheaper but misses
+writers that bypass it (torch's fused AdamW updates its parameters without bumping it).
 """
 
 from __future__ import annotations
@@ -44,26 +45,25 @@ class MergedWeights:
         )
         self.layers = lora_layers if self.supported else []
         self._buffers: list[torch.Tensor] | None = None
-        self._key: tuple | None = None
-
-    def _adapter_key(self) -> tuple:
-        return tuple(
-            (p._version, p.data_ptr())
-            for m in self.layers
-            for p in (m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight)
-        )
+        self._folded_from: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """Per layer, copies of the (A, B) its buffer was computed from."""
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Recompute W + s B A for every layer if any adapter weight changed since the last time."""
-        key = self._adapter_key()
-        if key == self._key:
-            return
+        """Recompute W + s B A for every layer whose adapter weights differ from the ones last folded."""
         if self._buffers is None:
             self._buffers = [torch.empty_like(m.base_layer.weight) for m in self.layers]
-        for m, buf in zip(self.layers, self._buffers, strict=True):
+        for i, (m, buf) in enumerate(zip(self.layers, self._buffers, strict=True)):
+            a, b = m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight
+            if i < len(self._folded_from):
+                old_a, old_b = self._folded_from[i]
+                if torch.equal(a, old_a) and torch.equal(b, old_b):
+                    continue
+                old_a.copy_(a)
+                old_b.copy_(b)
+            else:
+                self._folded_from.append((a.detach().clone(), b.detach().clone()))
             torch.add(m.base_layer.weight, m.get_delta_weight(self.adapter).to(buf.dtype), out=buf)
-        self._key = key
 
     @contextlib.contextmanager
     def applied(self):

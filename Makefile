@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo hn-demo test test-slow bench bench-trl lint clean
+.PHONY: setup demo hn-demo test test-slow bench bench-trl gpu-bundle lint clean
 
 $(BIN)/grooves: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: setup
 bench-trl: setup
 	bash benchmarks/setup_trl_env.sh
 	$(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --json runs/bench_grpo_step.json
+
+# .gpu/: what benchmarks/gpu.sh needs on a GPU machine without a package index (wheels, tokenizer)
+gpu-bundle: setup
+	$(BIN)/grooves models fetch
+	bash benchmarks/gpu_bundle.sh
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -1,59 +1,101 @@
 #!/usr/bin/env bash
-# The GRPO step benchmark on one GPU (an H200): grooves with the vLLM backend next to TRL's
-# GRPOTrainer (sampling with vLLM too, colocated), the same table as bench_grpo_step.py.
+# The GRPO step benchmark on one GPU (an H200): grooves next to TRL's GRPOTrainer, the same table
+# as bench_grpo_step.py, in under 8 minutes.
 #
-#   bash benchmarks/gpu.sh                 # Qwen2.5-1.5B-Instruct if its weights are on disk, else SmolLM2-135M
-#   MODEL_DIR=/path/to/model bash benchmarks/gpu.sh
-#   TRL_VLLM=0 bash benchmarks/gpu.sh      # TRL samples with transformers' generate instead
+#   bash benchmarks/gpu_bundle.sh            # once, where PyPI is reachable: writes .gpu/
+#   bash benchmarks/gpu.sh                   # on the GPU machine, with .gpu/ beside the checkout
 #
-# vLLM pins its own CUDA torch, transformers and fastapi (vllm 0.33.0: torch 2.14.0, transformers
-# < 5.21, fastapi < 0.137), which cannot share an environment with grooves' pins, so everything GPU lives in its own
-# virtualenv, benchmarks/.venv-gpu (GPU_VENV to change), made on first use. Budget: the install is
-# skipped when the venv exists; model load + CUDA graphs ~1-2 min each; 1 warm-up + 3 steps.
+# Environment (the first that applies):
+#   .gpu/wheels present: the machine's own python3 (with its CUDA torch) plus those wheels, installed
+#     offline into /tmp/grooves-site. Nothing is downloaded: such machines often reach no index.
+#   else: a virtualenv benchmarks/.venv-gpu with vLLM (vllm 0.33.0 pins its own CUDA torch,
+#     transformers < 5.21 and fastapi < 0.137, hence an environment of its own), made on first use.
+# Sampler: vLLM when it imports (grooves' `vllm` backend, TRL's colocated vLLM), else both sample
+#   with transformers on the GPU; the table's title names the backend.
+# Model: MODEL_DIR, else Qwen2.5-1.5B-Instruct from the Hugging Face cache, else the embedded
+#   SmolLM2-135M if it is cached, else random weights in the Qwen2.5-1.5B architecture with
+#   SmolLM2's tokenizer (benchmarks/random_model.py; SHAPE=smollm2-135m for the small one).
+# TRL is skipped, with the reason, when it does not import (SKIP_TRL=1 skips it anyway).
+#
+#   DEVICE=cpu DTYPE=float32 SHAPE=smollm2-135m STEPS=1 bash benchmarks/gpu.sh   # the same flow on a CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
+device="${DEVICE:-cuda}"
+dtype="${DTYPE:-bfloat16}"
+bundle="${BUNDLE:-.gpu}"
+start=$SECONDS
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+if [[ "$device" == cuda* ]] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
     echo "benchmarks/gpu.sh needs an NVIDIA GPU (nvidia-smi found none); on CPU run: make bench-trl" >&2
     exit 1
 fi
 
-venv="${GPU_VENV:-benchmarks/.venv-gpu}"
-py="${PY:-python3.11}"
-if ! "$venv/bin/python" -c "import vllm, trl, grooves" >/dev/null 2>&1; then
-    echo "== creating $venv (vllm, trl, grooves without its CPU pins)"
-    test -x "$venv/bin/python" || "$py" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
-    # grooves' own pins, except the four vLLM constrains: torch, transformers, fastapi and numpy get
-    # the versions pip resolves next to vllm 0.33.0 (grooves' tests pass with them on CPU)
-    deps="$("$venv/bin/python" - <<'PY'
+# ---- the environment ----------------------------------------------------------------------------
+if [[ -d "$bundle/wheels" ]]; then
+    python="${PY:-python3}"
+    site="${SITE:-/tmp/grooves-site}"
+    echo "== installing $(ls "$bundle"/wheels/*.whl | wc -l) wheels from $bundle/wheels into $site (offline)"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$bundle"/wheels/*.whl
+    export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+else
+    venv="${GPU_VENV:-benchmarks/.venv-gpu}"
+    python="$venv/bin/python"
+    if ! "$python" -c "import vllm, trl, grooves" >/dev/null 2>&1; then
+        echo "== no $bundle/wheels: creating $venv (vllm, trl, grooves without its CPU pins; needs PyPI)"
+        test -x "$python" || "${PY:-python3.11}" -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
+        # grooves' own pins, except the four vLLM constrains (torch, transformers, fastapi, numpy)
+        deps="$("$python" - <<'PY'
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 print(" ".join(d for d in deps if re.split(r"[=<>!~ ]", d)[0] not in ("torch", "transformers", "fastapi", "numpy")))
 PY
 )"
-    # shellcheck disable=SC2086
-    "$venv/bin/pip" install -q vllm==0.33.0 trl==1.16.0 accelerate==1.16.0 datasets==5.2.0 \
-        transformers==5.20.2 numpy==2.3.5 fastapi==0.136.3 $deps
-    "$venv/bin/pip" install -q --no-deps -e .
+        # shellcheck disable=SC2086
+        "$venv/bin/pip" install -q vllm==0.33.0 trl==1.16.0 accelerate==1.16.0 datasets==5.2.0 \
+            transformers==5.20.2 numpy==2.3.5 fastapi==0.136.3 $deps
+        "$venv/bin/pip" install -q --no-deps -e .
+    fi
 fi
-"$venv/bin/python" -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
+"$python" -c 'import torch, transformers, peft, grooves.trainer, grooves.server; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__, "cuda", torch.cuda.is_available())'
 
+backend=transformers
+trl_flags=()
+if "$python" -c "import vllm" >/dev/null 2>&1; then
+    backend=vllm
+    if [[ "${TRL_VLLM:-1}" == "1" ]]; then trl_flags+=(--trl-use-vllm); fi
+else
+    echo "== vLLM does not import here: grooves and TRL both sample with transformers on $device"
+fi
+if [[ "${SKIP_TRL:-0}" == "1" ]]; then
+    trl_flags=(--skip-trl)
+elif ! why="$("$python" -c "import trl, datasets" 2>&1)"; then
+    echo "== TRL does not import, so the table has grooves and the floor only: $(tail -n 1 <<<"$why")"
+    trl_flags=(--skip-trl)
+fi
+
+# ---- the model ----------------------------------------------------------------------------------
 model="${MODEL_DIR:-}"
 if [[ -z "$model" ]]; then
     hub="${HF_HOME:-$HOME/.cache/huggingface}/hub/models--Qwen--Qwen2.5-1.5B-Instruct/snapshots"
     snapshot="$(ls -d "$hub"/*/ 2>/dev/null | head -n 1 || true)"
+    smol="$("$python" -c 'from grooves.models import ALIASES, DEFAULT_MODEL, grooves_home; print(grooves_home() / "models" / ALIASES[DEFAULT_MODEL]["dir_name"])')"
     if [[ -n "$snapshot" && -f "$snapshot/config.json" ]]; then
         model="${snapshot%/}"
+    elif [[ -z "${SHAPE:-}" && -f "$smol/manifest.json" ]]; then
+        model="$smol"
     else
-        echo "== Qwen2.5-1.5B-Instruct is not on disk ($hub); using the embedded SmolLM2-135M"
-        model="$("$venv/bin/python" -c 'from grooves.models import ensure_model; print(ensure_model())')"
+        shape="${SHAPE:-qwen2.5-1.5b}"
+        model="/tmp/grooves-random-$shape"
+        echo "== no trained weights on disk: random weights in the $shape architecture ($model)"
+        test -f "$model/random_weights.json" || "$python" benchmarks/random_model.py --shape "$shape" \
+            --tokenizer "$bundle/tokenizer" --out "$model" --dtype "$dtype" --device "$device" >/dev/null
     fi
 fi
-echo "== model: $model"
+echo "== model: $model ($((SECONDS - start)) s so far)"
 
-trl_flag=()
-if [[ "${TRL_VLLM:-1}" == "1" ]]; then trl_flag=(--trl-use-vllm); fi
-timeout 420 "$venv/bin/python" benchmarks/bench_grpo_step.py \
-    --model "$model" --device cuda --dtype bfloat16 --backend vllm "${trl_flag[@]}" \
-    --trl-python "$venv/bin/python" --warmup 1 --steps 3 --json runs/bench_grpo_step_gpu.json
+budget=$((470 - (SECONDS - start)))  # the whole script stays under 8 minutes
+timeout "$budget" "$python" benchmarks/bench_grpo_step.py \
+    --model "$model" --device "$device" --dtype "$dtype" --backend "$backend" "${trl_flags[@]}" \
+    --trl-python "$python" --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --json "${JSON:-runs/bench_grpo_step_gpu.json}"
+echo "== done in $((SECONDS - start)) s"

@@ -28,6 +28,12 @@ def test_a_timed_plan_decides_once_per_row_count():
     assert [plan.transposed(r) for r in range(2, 9)] == first  # remembered, not re-timed
 
 
+def test_weights_off_the_cpu_are_never_timed():
+    plan = HeadPlan(torch.empty(4096, 64, device="meta"))  # host timers cannot measure asynchronous GPU kernels
+    assert [plan.transposed(r) for r in range(2, 9)] == [False] * 7
+    assert plan._transposed == {}
+
+
 def test_planned_head_is_swapped_in_only_inside_and_keeps_the_logits(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     head = model.get_output_embeddings()

@@ -112,29 +112,34 @@ def test_concurrent_requests_of_different_lengths_are_batched_and_exact(policy, 
 
     async def go():
         client = inprocess_client(app)
-        # hold the weights so the sampler blocks on the first request and the others queue up behind it
-        policy.lock.acquire()
-        tasks = [
-            asyncio.create_task(
+
+        def ask(content: str, max_tokens: int):
+            return asyncio.create_task(
                 client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": q}], n=2, max_tokens=12 + 3 * i, temperature=1.1
+                    model="tiny", messages=[{"role": "user", "content": content}], n=2, max_tokens=max_tokens, temperature=1.1
                 )
             )
-            for i, q in enumerate(questions)
-        ]
-        deadline = time.monotonic() + 30
-        def arrived():  # in the (blocked) batch the sampler took, or queued behind it
-            return sum(len(b) for b in batches) + app.state.scheduler._queue.qsize()
 
-        while arrived() < len(questions) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        async def until(condition) -> None:
+            deadline = time.monotonic() + 30
+            while not condition() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        # hold the weights, and let one request take the sampler and block on them: which requests
+        # share that first batch depends on thread timing, so the tested ones come after it
+        policy.lock.acquire()
+        first = ask("warm up", 4)
+        await until(lambda: len(batches) == 1)
+        tasks = [ask(q, 12 + 3 * i) for i, q in enumerate(questions)]
+        await until(lambda: app.state.scheduler._queue.qsize() == len(questions))
         policy.lock.release()
+        await first
         return await asyncio.gather(*tasks)
 
     responses = asyncio.run(go())
-    largest = max(batches, key=len)
-    # mixed lengths in one batch: left padding (how many join depends on thread timing, at least two do)
-    assert len(largest) >= 2 and len(set(largest)) == len(largest)
+    # all four, queued while the sampler was busy, make the next batch: mixed lengths, left padded
+    assert len(batches) == 2
+    assert len(batches[1]) == len(questions) and len(set(batches[1])) == len(questions)
     for i, resp in enumerate(responses):
         assert len(resp.choices) == 2
         for c in resp.choices:

@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from grooves.cli import app
+from grooves.jsonl import read_jsonl
 from grooves.report.html import choose_sample_steps, report_page
-from grooves.report.rundir import load_run, read_jsonl, rewatch
+from grooves.report.rundir import load_run, rewatch
 from grooves.trajectory import write_jsonl
 from grooves.watch import Finding, Watch, WatchConfig
 from grooves.watch.synthetic import RunShape, synthetic_run

@@ -14,6 +14,7 @@ import pytest
 
 from grooves.config import parse_config
 from grooves.trainer import ScenarioStream, train
+from grooves.watch.finding import read_findings
 
 
 def _config(model_dir, out, **over):
@@ -92,6 +93,32 @@ def test_resume_gives_the_same_next_steps(peaked_model_dir, tmp_path):
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
+    """The detectors' baselines survive a resume: the same watch statistics and findings as a run that never stopped."""
+    watch = {"length_drift": {"baseline_steps": 2, "smooth": 1, "max_ratio": 1.01, "min_ratio": 0.99},
+             "reward_jump": {"min_history": 3, "window": 3, "z": 0.5, "min_delta_stds": 0.0}}  # fmt: skip
+    over = {"steps": 6, "validation__every": 0, "rollout__groups_per_step": 4, "watch": {**watch, "pause_on": "never"}}
+    full_dir, part_dir = tmp_path / "full", tmp_path / "part"
+    train(_config(peaked_model_dir, full_dir, **over))
+    train(_config(peaked_model_dir, part_dir, **over), stop_after=3)
+    (part_dir / "watch.jsonl").write_text((part_dir / "watch.jsonl").read_text() + '{"step": 4, "stale": 1}\n')
+    train(_config(peaked_model_dir, part_dir, **over), resume=True)
+
+    def watch_rows(run_dir):
+        return [json.loads(line) for line in (run_dir / "watch.jsonl").read_text().splitlines()]
+
+    full, resumed = watch_rows(full_dir), watch_rows(part_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # the stale line after the checkpoint is gone
+    assert any("watch/length_drift/ratio" in r for r in full[3:])  # history-dependent statistics after the cut
+    for a, b in zip(full, resumed, strict=True):
+        assert a.keys() == b.keys(), a["step"]
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    full_findings = [(f.step, f.detector) for f in read_findings(full_dir / "findings.jsonl")]
+    assert full_findings, "the loose thresholds above must make the watch fire"
+    assert [(f.step, f.detector) for f in read_findings(part_dir / "findings.jsonl")] == full_findings
 
 
 def test_resume_after_a_real_kill(peaked_model_dir, tmp_path):

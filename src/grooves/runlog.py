@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grooves.jsonl import write_models
+from grooves.jsonl import read_jsonl, write_jsonl, write_models
 from grooves.trajectory import TrajectoryGroup
 
 
@@ -32,14 +32,11 @@ class RunLog:
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop metric rows of steps after the checkpoint, so no step appears twice."""
-        rows = self.rows()
-        kept = [r for r in rows if r.get("step", 0) <= step]
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_jsonl(self.metrics_path, [r for r in self.rows() if r.get("step", 0) <= step])
 
     def rows(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        """The logged rows; a line cut short by a killed run is dropped (its step is not checkpointed)."""
+        return read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
 
     def log(self, row: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}

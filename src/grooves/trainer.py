@@ -326,6 +326,8 @@ async def run(
     watch = _start_watch(config, run_dir)
     if watch is not None:
         observers = [*observers, watch.observe_step]
+        if checkpoint is not None:  # the detectors judge the next step against the whole run so far
+            watch.watch.resume(state.step, _watch_history(run_dir, state.step))
 
     bar = _step_bar(config, state.step)
     last = min(config.steps, stop_after) if stop_after is not None else config.steps
@@ -353,12 +355,12 @@ async def run(
             lr=config.optim.lr, adapter_version=policy.adapter_version, seconds_rollout=t_rollout - t0,
             seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
         )  # fmt: skip
-        for observe in observers:
-            metrics.update(observe(step, metrics, groups) or {})
         if config.validation.every and step % config.validation.every == 0 or step == config.steps:
             val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout)
             metrics.update(val_metrics)
             log.samples(step, val_groups, name="validation")
+        for observe in observers:  # after validation: the watch compares val/ metrics with the reward
+            metrics.update(observe(step, metrics, groups) or {})
         metrics["seconds_step"] = time.perf_counter() - t0
 
         state = TrainState(step=step, data_position=stream.position)
@@ -392,6 +394,21 @@ class _WatchObserver:
     def observe_step(self, step: int, metrics: dict[str, Any], groups: list[TrajectoryGroup]) -> dict[str, Any]:
         self.watch.observe(step, metrics, groups)
         return dict(self.watch.stats)
+
+
+def _watch_history(run_dir: Path, upto: int):
+    """Steps 1..`upto` as the watch observed them: each logged row without what the step added after
+    its observers ran (the watch's own statistics, the step's total seconds), and the step's groups
+    where samples/ has them (`logging.samples_every`; else the text detectors skip that step)."""
+    from grooves.report.rundir import load_run
+
+    run = load_run(run_dir)
+    for row in run.metrics:
+        step = row["step"]
+        if not 1 <= step <= upto or "reward_mean" not in row:
+            continue
+        metrics = {k: v for k, v in row.items() if not k.startswith("watch/") and k != "seconds_step"}
+        yield step, metrics, run.samples(step) if step in run.sample_files else []
 
 
 def _start_watch(config: RunConfig, run_dir: Path) -> _WatchObserver | None:

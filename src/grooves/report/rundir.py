@@ -8,13 +8,13 @@ wrote there.
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grooves.jsonl import read_jsonl
 from grooves.trajectory import TrajectoryGroup, read_groups
 from grooves.watch.config import WatchConfig
 from grooves.watch.core import Watch
@@ -37,20 +37,6 @@ class RunData:
 
     def samples(self, step: int) -> list[TrajectoryGroup]:
         return read_groups(self.sample_files[step])
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """JSON objects, one per line; a truncated final line (a killed writer) is dropped."""
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number} is not JSON ({exc.msg}); the file is corrupt") from exc
-    return rows
 
 
 def _step_files(folder: Path, suffix: str) -> dict[int, Path]:

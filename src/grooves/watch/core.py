@@ -10,21 +10,27 @@ The trainer calls, once per step::
 
 With a run directory, the watch appends to `findings.jsonl` and `watch.jsonl` (its per-step
 statistics) and writes `inspect/step_XXXXXX.html` every `inspect.every` steps.
+
+A resumed run calls `watch.resume(step, history)` first: the detectors' baselines and the
+cooldowns are rebuilt by replaying the logged steps up to the checkpoint, so a run killed at
+step 40 judges step 41 against the same history as one that never stopped, and the two files
+lose their lines for the steps after the checkpoint (those steps run again).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from grooves.jsonl import read_jsonl, write_jsonl, write_models
 from grooves.trajectory import TrajectoryGroup
 from grooves.watch.config import WatchConfig
-from grooves.watch.finding import Finding, at_least, write_findings
+from grooves.watch.finding import Finding, at_least, read_findings, write_findings
 from grooves.watch.interfaces import Detector, EmbedFn, RescoreFn
 from grooves.watch.metric_detectors import CheckDivergence, LengthDrift, RewardJump
 from grooves.watch.text_detectors import Collapse, InputIndependence
@@ -97,6 +103,36 @@ class Watch:
             for finding in new:
                 print(finding, file=sys.stderr)
         return new
+
+    def resume(self, step: int, history: Iterable[tuple[int, Mapping[str, Any], Sequence[TrajectoryGroup]]]) -> int:
+        """Pick a run up after its checkpoint at `step`; returns how many steps were replayed.
+
+        `history` is (step, metrics, groups) for the steps already trained, as `observe` saw them
+        (the trainer reads them back from metrics.jsonl and samples/). Every detector observes
+        them again in order, which rebuilds its state exactly, since detectors are deterministic
+        in their inputs; the findings they raise again refill `findings` and the cooldowns, and
+        nothing is written, printed or inspected, and no pause is set (the person resuming has
+        read them). An embedding or rescoring function is called again for the replayed steps.
+        """
+        if self.run_dir is not None:
+            self._truncate_files_after(step)
+        replayed = 0
+        for s, metrics, groups in history:
+            if s > step:
+                break
+            view = StepView.build(s, metrics, groups, self.config.input_keys)
+            raised = [f for detector in self.detectors for f in detector.observe(view).findings]
+            self.findings.extend(f for f in raised if self._admit(f))
+            self._inspected_at = s if self._inspection_due(s, view) else self._inspected_at
+            replayed += 1
+        return replayed
+
+    def _truncate_files_after(self, step: int) -> None:
+        findings_path, stats_path = self.run_dir / "findings.jsonl", self.run_dir / "watch.jsonl"
+        if findings_path.exists():
+            write_models(findings_path, [f for f in read_findings(findings_path) if f.step <= step], append=False)
+        if stats_path.exists():
+            write_jsonl(stats_path, [r for r in read_jsonl(stats_path) if r.get("step", 0) <= step])
 
     @property
     def should_pause(self) -> bool:

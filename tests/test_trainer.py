@@ -121,6 +121,25 @@ def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
     assert [(f.step, f.detector) for f in read_findings(part_dir / "findings.jsonl")] == full_findings
 
 
+def test_a_given_watch_with_an_embedding_function_replaces_the_configured_one(peaked_model_dir, tmp_path):
+    import numpy as np
+
+    from grooves.watch import Watch
+
+    seen: list[int] = []
+
+    def embed(texts):  # a stand-in sentence encoder: character counts over a small alphabet
+        seen.append(len(texts))
+        return np.array([[t.count(c) + 1e-3 for c in "abcdefghij0123456789 "] for t in texts], dtype=float)
+
+    config = _config(peaked_model_dir, tmp_path / "run", steps=2, validation__every=0, rollout__groups_per_step=4)
+    train(config, watch=Watch(config.watch, embed=embed))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "watch.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # written into the run's folder
+    assert all(0.0 <= r["watch/collapse/embedding_cosine"] <= 1.0 + 1e-9 for r in rows)
+    assert seen and all(n == 4 * 8 for n in seen)  # every output of the step, once per step
+
+
 def test_resume_after_a_real_kill(peaked_model_dir, tmp_path):
     """SIGKILL the trainer after its 2nd checkpoint; resuming finishes with nothing lost or repeated."""
     out = tmp_path / "killed"

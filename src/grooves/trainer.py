@@ -32,7 +32,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ from grooves.tokenize import (
     trajectory_to_sequences,
 )
 from grooves.trajectory import RolloutFn, TrajectoryGroup, gather
+
+if TYPE_CHECKING:
+    from grooves.watch import Watch
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
 """Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
@@ -288,9 +291,15 @@ async def run(
     resume: bool = False,
     score: GroupScorer | None = None,
     observers: Sequence[StepObserver] = (),
+    watch: Watch | None = None,
     stop_after: int | None = None,
 ) -> Path:
-    """Train according to `config`; returns the run directory. `stop_after` ends early (tests)."""
+    """Train according to `config`; returns the run directory. `stop_after` ends early (tests).
+
+    `watch` replaces the reward-hacking watch `config.watch` describes, e.g. one built with an
+    `embed` or `rescore` function (`Watch(config.watch, embed=..., rescore=...)`); without a run
+    directory of its own it writes into the run's.
+    """
     run_dir = Path(config.output_dir)
     log = RunLog(run_dir)
     config_toml = dump_config(config)
@@ -323,7 +332,7 @@ async def run(
         log.log({"step": 0, **val_metrics})
         log.samples(0, val_groups, name="validation")
 
-    watch = _start_watch(config, run_dir)
+    watch = _start_watch(config, run_dir, watch)
     if watch is not None:
         observers = [*observers, watch.observe_step]
         if checkpoint is not None:  # the detectors judge the next step against the whole run so far
@@ -411,7 +420,10 @@ def _watch_history(run_dir: Path, upto: int):
         yield step, metrics, run.samples(step) if step in run.sample_files else []
 
 
-def _start_watch(config: RunConfig, run_dir: Path) -> _WatchObserver | None:
+def _start_watch(config: RunConfig, run_dir: Path, given: Watch | None) -> _WatchObserver | None:
+    if given is not None:
+        given.run_dir = given.run_dir or run_dir
+        return _WatchObserver(given)
     if not config.watch.enabled:
         return None
     from grooves.watch import Watch

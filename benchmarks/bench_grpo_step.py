@@ -37,7 +37,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from step_workload import MARK, emit, load_scenarios, messages, peak_rss_mib, reward, wait_for_go  # noqa: E402
+from step_workload import (  # noqa: E402
+    MALLOC_ENV,
+    MARK,
+    emit,
+    load_scenarios,
+    messages,
+    minor_faults,
+    peak_rss_mib,
+    reward,
+    wait_for_go,
+)
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -58,7 +68,8 @@ def grooves_worker(args) -> None:
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate(
         {
-            "model": {"base_model": args.model, "backend": args.backend, "device": args.device, "dtype": args.dtype},
+            "model": {"base_model": args.model, "backend": args.backend, "device": args.device, "dtype": args.dtype,
+                      "reuse_freed_memory": not args.glibc_malloc},
             "vllm": {"gpu_memory_utilization": 0.3},
             "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
             "rollout": {"group_size": args.group_size, "groups_per_step": 1, "max_tokens": args.max_tokens,
@@ -85,6 +96,7 @@ def grooves_worker(args) -> None:
 
         step = 0
         while wait_for_go():
+            faults = minor_faults()
             t0 = time.perf_counter()
             scenario = scenarios[step % len(scenarios)]
             groups = await gather(rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,))
@@ -99,7 +111,7 @@ def grooves_worker(args) -> None:
                     "generation_s": t1 - t0, "training_s": t2 - t1, "step_s": t2 - t0,
                     "completion_tokens": sum(len(t.token_ids) for t in turns), "trained_sequences": len(seqs),
                     "prompt_tokens": len(turns[0].prompt_token_ids), "lengths": [len(t.token_ids) for t in turns],
-                    "peak_rss_mib": peak_rss_mib(),
+                    "minor_faults": minor_faults() - faults, "peak_rss_mib": peak_rss_mib(),
                 }
             )  # fmt: skip
             step += 1
@@ -146,6 +158,7 @@ class Worker:
 def _summary(records: list[dict], done: dict) -> dict:
     med = {k: statistics.median(r[k] for r in records) for k in ("step_s", "generation_s", "training_s", "completion_tokens")}
     med["tokens_per_s"] = statistics.median(r["completion_tokens"] / r["step_s"] for r in records)
+    med["minor_faults"] = statistics.median(r["minor_faults"] for r in records)
     med["peak_rss_mib"] = done["peak_rss_mib"]
     if any("gpu_mib" in r for r in records):
         med["peak_gpu_mib"] = max(r.get("gpu_mib", 0.0) for r in records)
@@ -204,17 +217,17 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
              f"G={args.group_size}, max {args.max_tokens} tokens, {where}, median of {args.steps} after {args.warmup} warm-up")  # fmt: skip
     table = Table(title=title)
     gpu = args.device != "cpu"
-    columns = ["framework", "s/step", "generation s", "training s", "tokens/step", "tokens/s", "peak RSS MiB"]
+    columns = ["framework", "s/step", "generation s", "training s", "tokens/step", "tokens/s", "faults/step", "peak RSS MiB"]
     for col in columns + (["peak GPU MiB"] if gpu else []):
         table.add_column(col, justify="left" if col == "framework" else "right")
     for name, r in results.items():
         cells = [name, f"{r['step_s']:.2f}", f"{r['generation_s']:.2f}", f"{r['training_s']:.2f}",
-                 f"{r['completion_tokens']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
+                 f"{r['completion_tokens']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['minor_faults']:.0f}", f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
         table.add_row(*cells, *([f"{r.get('peak_gpu_mib', 0):.0f}"] if gpu else []))
     if floor is not None:
         cells = ["floor (FLOPs / matmul rate)", f"{floor['step_s']:.2f}", f"{floor['generation_s']:.2f}", f"{floor['training_s']:.2f}"]
-        table.add_row(*cells, "", "", "", *([""] if gpu else []))
-    console = Console()
+        table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
+    console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
     if "trl" in results:
@@ -243,6 +256,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--backend", default="transformers", choices=["transformers", "vllm"], help="grooves' sampler")
     ap.add_argument("--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate")
+    ap.add_argument("--glibc-malloc", action="store_true", help="grooves keeps glibc's malloc defaults (model.reuse_freed_memory = false)")
+    ap.add_argument("--trl-malloc-env", action="store_true", help="TRL gets the malloc settings grooves makes itself, as environment variables")
     ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -260,13 +275,15 @@ def main() -> None:
     common = ["--model", args.model, "--scenarios", str(scenario_file), "--group-size", str(args.group_size),
               "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--device", args.device,
               "--dtype", args.dtype]  # fmt: skip
-    workers = [Worker("grooves", [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common], env, work)]
+    own = ["--glibc-malloc"] if args.glibc_malloc else []
+    workers = [Worker("grooves", [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common, *own], env, work)]
     if not args.skip_trl:
         if not Path(args.trl_python).exists():
             raise SystemExit(f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first")
         total = args.warmup + args.steps
         trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
-        workers.append(Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], env, work))
+        trl_env = {**env, **MALLOC_ENV} if args.trl_malloc_env else env
+        workers.append(Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work))
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):
         order = workers if step % 2 == 0 else workers[::-1]

@@ -28,7 +28,7 @@ import time
 import torch
 from datasets import Dataset
 from peft import LoraConfig
-from step_workload import emit, load_scenarios, messages, peak_rss_mib, reward, wait_for_go
+from step_workload import emit, load_scenarios, messages, minor_faults, peak_rss_mib, reward, wait_for_go
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -42,6 +42,7 @@ class LockstepTimer(TrainerCallback):
         self.step_start = 0.0
         self.train_start: float | None = None
         self.step_end = 0.0
+        self.faults_at_start = 0
 
     def on_train_begin(self, args, state, control, model=None, **_):
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -55,10 +56,12 @@ class LockstepTimer(TrainerCallback):
         if not wait_for_go():
             sys.exit(0)
         self.train_start = None
+        self.faults_at_start = minor_faults()
         self.step_start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **_):
         self.step_end = time.perf_counter()
+        self.step_faults = minor_faults() - self.faults_at_start
 
     def on_log(self, args, state, control, logs=None, **_):
         if not logs or "completions/mean_length" not in logs:
@@ -70,6 +73,7 @@ class LockstepTimer(TrainerCallback):
                 "training_s": self.step_end - train_start,
                 "step_s": self.step_end - self.step_start,
                 "completion_tokens": logs["completions/mean_length"] * args.num_generations,
+                "minor_faults": self.step_faults,
                 "peak_rss_mib": peak_rss_mib(),
             }
         )

@@ -35,6 +35,10 @@ class ModelConfig(_Section):
     """transformers backend: sample with the adapter folded into a copy of the adapted weights
     (one matmul per layer instead of three: faster decoding on CPU, for one more copy of
     those weights in memory). false: sample through peft's LoRA layers."""
+    reuse_freed_memory: bool = True
+    """CPU on glibc: keep the big blocks torch frees for reuse instead of unmapping them, so a step's
+    40 MB logits tensors are not page-faulted in again every time (see `policy/allocator.py`);
+    the process keeps its peak memory between steps. false: glibc's defaults."""
 
 
 class LoraConfig(_Section):

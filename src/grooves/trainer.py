@@ -129,6 +129,7 @@ def build_policy(config: RunConfig) -> TransformersPolicy:
         seed=config.seed,
         served_name=config.name,
         merge_for_sampling=config.model.merge_lora_for_sampling,
+        reuse_freed_memory=config.model.reuse_freed_memory,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from grooves.models import resolve_model
+from grooves.policy import allocator
 from grooves.policy.merged import MergedWeights
 from grooves.policy.output_head import PlannedHead
 from grooves.policy.sampling import Completion, SamplingParams, sample
@@ -68,8 +69,12 @@ class TransformersPolicy:
         served_name: str | None = None,
         attn_implementation: str = "sdpa",
         merge_for_sampling: bool = True,
+        reuse_freed_memory: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if reuse_freed_memory and torch.device(device).type == "cpu":
+            allocator.reuse_freed_memory()  # before the model's weights and its first step's temporaries
 
         path = resolve_model(base_model)
         self.base_model = base_model

@@ -1,0 +1,41 @@
+import platform
+import resource
+import subprocess
+import sys
+
+import pytest
+
+# The setting is process-wide, so it is measured in a fresh interpreter, before and after.
+SCRIPT = """
+import resource
+import torch
+from grooves.policy.allocator import reuse_freed_memory
+
+def faults(rounds):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        torch.ones(12_000_000)  # 48 MB, freed at once: above the largest mmap threshold glibc picks
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+default = faults(5)
+applied = reuse_freed_memory()
+faults(1)  # the heap grows to hold one block
+print(default, faults(5), applied)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_freed_big_blocks_are_reused_instead_of_faulted_in_again():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
+    default, reused, applied = out.split()
+    assert applied == "True"
+    pages = 5 * 48_000_000 // resource.getpagesize()
+    assert int(default) > 0.9 * pages  # every block mapped afresh, every page zeroed again
+    assert int(reused) < 0.01 * pages
+
+
+def test_other_c_libraries_are_left_alone(monkeypatch):
+    from grooves.policy import allocator
+
+    monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
+    assert allocator.reuse_freed_memory() is False

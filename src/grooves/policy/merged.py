@@ -63,7 +63,12 @@ class MergedWeights:
                 old_b.copy_(b)
             else:
                 self._folded_from.append((a.detach().clone(), b.detach().clone()))
-            torch.add(m.base_layer.weight, m.get_delta_weight(self.adapter).to(buf.dtype), out=buf)
+            w = m.base_layer.weight
+            if not m.fan_in_fan_out and a.dtype == b.dtype == w.dtype:
+                # W + s B A in one pass over the weight, instead of materializing B A, scaling it and adding
+                torch.addmm(w, b, a, alpha=m.scaling[self.adapter], out=buf)
+            else:
+                torch.add(w, m.get_delta_weight(self.adapter).to(buf.dtype), out=buf)
 
     @contextlib.contextmanager
     def applied(self):

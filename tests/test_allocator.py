@@ -17,10 +17,10 @@ def faults(rounds):
         torch.ones(12_000_000)  # 48 MB, freed at once: above the largest mmap threshold glibc picks
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-default = faults(5)
+default = faults(10)
 applied = reuse_freed_memory()
-faults(1)  # the heap grows to hold one block
-print(default, faults(5), applied)
+faults(3)  # the heap grows to hold the blocks
+print(default, faults(10), applied)
 """
 
 
@@ -29,9 +29,11 @@ def test_freed_big_blocks_are_reused_instead_of_faulted_in_again():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
     default, reused, applied = out.split()
     assert applied == "True"
-    pages = 5 * 48_000_000 // resource.getpagesize()
+    pages = 10 * 48_000_000 // resource.getpagesize()
     assert int(default) > 0.9 * pages  # every block mapped afresh, every page zeroed again
-    assert int(reused) < 0.01 * pages
+    # small allocations between the big ones can split a freed block, so the heap may grow once
+    # more (a tenth of the pages); without reuse it is every page of every block
+    assert int(reused) < 0.15 * pages
 
 
 def test_other_c_libraries_are_left_alone(monkeypatch):

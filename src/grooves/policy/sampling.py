@@ -114,7 +114,8 @@ def sample(
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]: left padding must not shift positions
 
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    # left padding puts every prompt's last token in the last column, the only one that predicts
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     last_logits = out.logits[:, -1, :].float()  # [U, V]
 

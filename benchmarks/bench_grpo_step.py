@@ -38,7 +38,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from step_workload import (  # noqa: E402
-    MALLOC_ENV,
     MARK,
     emit,
     load_scenarios,
@@ -265,6 +264,7 @@ def main() -> None:
         return grooves_worker(args)
 
     from grooves.models import ensure_model
+    from grooves.policy import allocator
     from grooves.tasks.capitals import CapitalsTask
 
     args.model = args.model or str(ensure_model())
@@ -282,7 +282,7 @@ def main() -> None:
             raise SystemExit(f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first")
         total = args.warmup + args.steps
         trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
-        trl_env = {**env, **MALLOC_ENV} if args.trl_malloc_env else env
+        trl_env = {**env, **allocator.ENVIRONMENT} if args.trl_malloc_env else env
         workers.append(Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work))
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):

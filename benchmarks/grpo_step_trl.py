@@ -43,6 +43,7 @@ class LockstepTimer(TrainerCallback):
         self.train_start: float | None = None
         self.step_end = 0.0
         self.faults_at_start = 0
+        self.step_faults = 0
 
     def on_train_begin(self, args, state, control, model=None, **_):
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model

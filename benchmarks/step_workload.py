@@ -64,8 +64,3 @@ def minor_faults() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
-"""glibc's malloc told to keep freed big blocks, as environment variables: what grooves sets itself
-with mallopt (`grooves/policy/allocator.py`), for a process that does not (`--trl-malloc-env`)."""

@@ -41,3 +41,18 @@ def test_other_c_libraries_are_left_alone(monkeypatch):
 
     monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
     assert allocator.reuse_freed_memory() is False
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_the_environment_form_has_the_same_effect():
+    import os
+
+    from grooves.policy.allocator import ENVIRONMENT
+
+    script = SCRIPT.replace("applied = reuse_freed_memory()", "applied = True")  # glibc read the settings at start
+    env = {**os.environ, **ENVIRONMENT}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout
+    default, reused, _ = out.split()
+    pages = 10 * 48_000_000 // resource.getpagesize()
+    assert int(default) < 0.5 * pages  # the heap grows a few times, then blocks are reused (not > 0.9, as above)
+    assert int(reused) < 0.15 * pages

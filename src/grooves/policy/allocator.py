@@ -28,6 +28,10 @@ _TRIM_THRESHOLD = 2**31 - 1
 """Free memory at the top of the heap is given back to the kernel only past this (mallopt takes
 an int: 2 GiB, more than a CPU step's temporaries)."""
 
+ENVIRONMENT = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(_TRIM_THRESHOLD)}
+"""The same settings as glibc environment variables, for a process that does not call
+`reuse_freed_memory` itself (glibc reads them when it starts)."""
+
 
 def reuse_freed_memory() -> bool:
     """Tell glibc's malloc to serve big blocks from its heap and keep what is freed; process-wide.

@@ -140,11 +140,7 @@ def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temperature: 
         attention_mask=mask[None, None],
         position_ids=torch.cat([torch.arange(p, device=device), p + offset])[None],
         use_cache=False,
-        # positions P-1 .. P+N-1: the prefix's earlier positions predict nothing sampled. An index
-        # tensor, not the int n + 1: the int's slice is a view whose batch stride makes torch's
-        # matmul run the output head as a batched matmul, at about half the rate of the plain
-        # matmul that the indexed (contiguous) copy gets
-        logits_to_keep=torch.arange(p - 1, p + n, device=device),
+        logits_to_keep=kept_positions(p - 1, p + n, device),  # the prefix's earlier positions predict nothing sampled
     )  # fmt: skip
     kept = out.logits  # [1, N + 1, V]; kept[:, k] is packed position P - 1 + k
     # packed token k is predicted by the position before it (kept[:, k]), except a row's first
@@ -156,6 +152,17 @@ def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temperature: 
     entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
     placed = torch.cat([real.new_zeros(rows, p), real], dim=1)  # [B, T]
     return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(rows, width).masked_scatter(placed, entropy)
+
+
+def kept_positions(start: int, stop: int, device: torch.device | str) -> torch.Tensor:
+    """`logits_to_keep` for positions start .. stop - 1 of every row, as an index tensor.
+
+    Not the int form: its slice of the hidden states is a view whose batch stride makes torch's
+    matmul run the output head as a batched matmul (at about half the rate of a plain one, and
+    one pass over the head's weight per row when each row keeps one position); the indexed copy
+    is contiguous and runs as one plain matmul.
+    """
+    return torch.arange(start, stop, device=device)
 
 
 def _chunk_logprobs(

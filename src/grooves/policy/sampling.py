@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grooves.forward import kept_positions
+
 
 @dataclass
 class SamplingParams:
@@ -115,7 +117,8 @@ def sample(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]: left padding must not shift positions
 
     # left padding puts every prompt's last token in the last column, the only one that predicts
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    last = kept_positions(width - 1, width, device)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last)
     cache = out.past_key_values
     last_logits = out.logits[:, -1, :].float()  # [U, V]
 

@@ -59,6 +59,20 @@ def bench_sampler(policy, prompt_ids, n, max_tokens, temperature):
     return lambda: sum(len(c.token_ids) for c in policy.generate([prompt_ids], [params])[0])
 
 
+def bench_sampler_hf_decode(policy, prompt_ids, n, max_tokens, temperature):
+    """The same sampler with every decode step through transformers' forward (`model.fused_decode = false`)."""
+    run = bench_sampler(policy, prompt_ids, n, max_tokens, temperature)
+
+    def unfused() -> int:
+        policy.fused_decode = False
+        try:
+            return run()
+        finally:
+            policy.fused_decode = True
+
+    return unfused
+
+
 def bench_server(policy, n, max_tokens, temperature):
     client = inprocess_client(policy)
     loop = asyncio.new_event_loop()
@@ -107,6 +121,9 @@ def main() -> None:
     prompt_ids = policy.render([{"role": "user", "content": PROMPT}], None)
     rows = {
         "grooves sample": bench_sampler(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
+        "grooves sample, transformers decode": bench_sampler_hf_decode(
+            policy, prompt_ids, args.n, args.max_tokens, args.temperature
+        ),
         "grooves server (openai client)": bench_server(policy, args.n, args.max_tokens, args.temperature),
         "transformers generate": bench_generate(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
     }

@@ -131,3 +131,24 @@ def test_draws_follow_the_softmax_at_the_temperature_and_never_pick_a_zero_proba
     # binomial standard error at 20k draws is <= 0.0036; 4 of them is a test that fails for a wrong sampler
     assert freq.tolist() == pytest.approx(expected.tolist(), abs=4 * 0.0036)
     assert torch.allclose(logps, expected.log()[tokens])
+
+
+def test_the_blocked_inverse_cdf_picks_the_token_a_full_cumulative_sum_picks():
+    from grooves.policy.sampling import CDF_BLOCK, _inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 3 * CDF_BLOCK + 37  # a partial last block
+    probs = torch.rand(64, vocab, generator=g) ** 4
+    probs[:, CDF_BLOCK : 2 * CDF_BLOCK] = 0  # a whole block without mass
+    probs[:, CDF_BLOCK - 1] = 0  # and zeros on block borders
+    probs[:, -5:] = 0
+    probs = probs / probs.sum(-1, keepdim=True)
+    uniforms = torch.rand(64, generator=g, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    assert torch.equal(_inverse_cdf(probs, uniforms), expected)
+
+    # u = 1 (or rounding up to the total) falls past every token: the last token with mass is drawn
+    last = _inverse_cdf(probs[:2], torch.ones(2, dtype=torch.float64))
+    assert last.tolist() == [vocab - 6, vocab - 6]
+    assert bool((probs.gather(-1, _inverse_cdf(probs, torch.zeros(64, dtype=torch.float64))[:, None]) > 0).all())

@@ -35,6 +35,10 @@ class ModelConfig(_Section):
     """transformers backend: sample with the adapter folded into a copy of the adapted weights
     (one matmul per layer instead of three: faster decoding on CPU, for one more copy of
     those weights in memory). false: sample through peft's LoRA layers."""
+    fused_decode: bool = True
+    """transformers backend, Llama/Qwen2 models: decode with the sampler's own forward (q/k/v and
+    gate/up as one matmul each, a KV cache written in place; see `policy/decode.py`). false: every
+    decode step runs through transformers' forward. Other model types always use the latter."""
     reuse_freed_memory: bool = True
     """CPU on glibc: keep the big blocks torch frees for reuse instead of unmapping them, so a step's
     40 MB logits tensors are not page-faulted in again every time (see `policy/allocator.py`);

@@ -57,19 +57,29 @@ def build_tiny_tokenizer(vocab_size: int = 512):
 
 
 def build_tiny_model_dir(
-    path: str | Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, init_std: float = 0.02
+    path: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 32,
+    layers: int = 2,
+    init_std: float = 0.02,
+    architecture: str = "llama",
 ) -> Path:
-    """Write a tiny random Llama + tokenizer to `path` and return it.
+    """Write a tiny random Llama (or, with `architecture="qwen2"`, Qwen2: biased q/k/v) + tokenizer to `path`.
 
     `init_std` 0.02 (the usual init) gives a near-uniform next-token distribution; about 0.2 gives a
     peaked, input-dependent one, which RL tests need to show learning within a few steps.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    architectures = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if architecture not in architectures:
+        raise ValueError(f"architecture {architecture!r}: use one of {sorted(architectures)}")
+    config_class, model_class = architectures[architecture]
     path = Path(path)
     tok = build_tiny_tokenizer()
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -85,7 +95,7 @@ def build_tiny_model_dir(
         initializer_range=init_std,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

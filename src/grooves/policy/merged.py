@@ -11,6 +11,8 @@ and swapped out after, so the base weights are never changed: peft's in-place
 `merge_adapter` / `unmerge_adapter` would add and subtract the update at every step and let
 rounding walk the frozen base weights away from the checkpoint. The cost is one extra copy of the
 adapted weights in memory (~400 MiB in float32 for SmolLM2-135M with all seven projections).
+The buffers of layers that read the same input in one block (q, k, v, o; gate, up) are
+consecutive rows of one allocation, which the sampler's decoder runs as a single matmul.
 
 The buffers are refreshed only when an adapter weight changed since the last refresh. What
 tells is a copy of the adapter weights each fold was made from (a few MiB), compared exactly
@@ -44,6 +46,8 @@ class MergedWeights:
             for m in lora_layers
         )
         self.layers = lora_layers if self.supported else []
+        names = {id(m): name for name, m in model.named_modules()}
+        self._parents = [names[id(m)].rpartition(".")[0] for m in self.layers]
         self._buffers: list[torch.Tensor] | None = None
         self._folded_from: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Per layer, copies of the (A, B) its buffer was computed from."""
@@ -52,7 +56,7 @@ class MergedWeights:
     def refresh(self) -> None:
         """Recompute W + s B A for every layer whose adapter weights differ from the ones last folded."""
         if self._buffers is None:
-            self._buffers = [torch.empty_like(m.base_layer.weight) for m in self.layers]
+            self._buffers = self._allocate()
         for i, (m, buf) in enumerate(zip(self.layers, self._buffers, strict=True)):
             a, b = m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight
             if i < len(self._folded_from):
@@ -69,6 +73,33 @@ class MergedWeights:
                 torch.addmm(w, b, a, alpha=m.scaling[self.adapter], out=buf)
             else:
                 torch.add(w, m.get_delta_weight(self.adapter).to(buf.dtype), out=buf)
+
+    def _allocate(self) -> list[torch.Tensor]:
+        """One buffer per layer, as consecutive rows of one block for layers of one parent that share
+        their input (q, k, v and o of an attention; gate and up of an MLP), so that a decoder can run
+        each such group as one matmul (`policy/decode.py`)."""
+        groups: list[list[int]] = []
+        for i, m in enumerate(self.layers):
+            w = m.base_layer.weight
+            if groups and not m.fan_in_fan_out:
+                j = groups[-1][-1]
+                prev = self.layers[j]
+                pw = prev.base_layer.weight
+                if (
+                    self._parents[j] == self._parents[i]
+                    and not prev.fan_in_fan_out
+                    and (pw.shape[1], pw.dtype, pw.device) == (w.shape[1], w.dtype, w.device)
+                ):
+                    groups[-1].append(i)
+                    continue
+            groups.append([i])
+        buffers: list[torch.Tensor] = [None] * len(self.layers)  # type: ignore[list-item]
+        for group in groups:
+            weights = [self.layers[i].base_layer.weight for i in group]
+            block = weights[0].new_empty((sum(w.shape[0] for w in weights), *weights[0].shape[1:]))
+            for i, part in zip(group, block.split([w.shape[0] for w in weights]), strict=True):
+                buffers[i] = part
+        return buffers
 
     @contextlib.contextmanager
     def applied(self):

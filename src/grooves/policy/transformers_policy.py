@@ -28,6 +28,7 @@ import torch
 
 from grooves.models import resolve_model
 from grooves.policy import allocator
+from grooves.policy.decode import MatmulPlan
 from grooves.policy.merged import MergedWeights
 from grooves.policy.output_head import PlannedHead
 from grooves.policy.sampling import Completion, SamplingParams, sample
@@ -70,6 +71,7 @@ class TransformersPolicy:
         attn_implementation: str = "sdpa",
         merge_for_sampling: bool = True,
         reuse_freed_memory: bool = True,
+        fused_decode: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -107,6 +109,10 @@ class TransformersPolicy:
         """The policy's own weights include an adapter (peft's `default`); else they are the base alone."""
         self._merged = MergedWeights(model) if self._own_adapter and merge_for_sampling else None
         """The own adapter folded into copies of the base weights, for sampling (see `policy/merged.py`)."""
+        self.fused_decode = fused_decode
+        """Decode Llama-family models with the sampler's own lean forward (see `policy/decode.py`)."""
+        self._plan = MatmulPlan()
+        """That forward's matmul form per row count, from timed decode steps."""
         self._head = PlannedHead()
         """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`)."""
         self.device = device
@@ -201,7 +207,8 @@ class TransformersPolicy:
             self.model.eval()
             try:
                 return sample(
-                    self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids, generator=self.generator
+                    self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids,
+                    generator=self.generator, fused=self.fused_decode, plan=self._plan,
                 )
             finally:
                 if was_training:

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import TransformersPolicy
+from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 from grooves.server import inprocess_client
 
 PROMPT = (
@@ -114,10 +114,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="sample with a LoRA adapter of this rank on all linear layers, folded as in training (0: the base model)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    policy = TransformersPolicy(args.model)
+    lora = LoraSettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
+    policy = TransformersPolicy(args.model, lora=lora)
     prompt_ids = policy.render([{"role": "user", "content": PROMPT}], None)
     rows = {
         "grooves sample": bench_sampler(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
@@ -137,7 +140,7 @@ def main() -> None:
     base = medians["transformers generate"][1] / medians["transformers generate"][0]
 
     table = Table(title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
-                        f"{args.threads} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+                        f"LoRA rank {args.lora_rank or 'none'}, {args.threads} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
                         f"median of {args.runs}")
     for col in ("method", "tokens", "median s", "tokens/s", "vs generate", "each run s"):
         table.add_column(col, justify="left" if col in ("method", "each run s") else "right")

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from grooves.config import ConfigError, LoraConfig, ModelConfig, _format, _set_nested
 from grooves.forward import token_logprobs
+from grooves.lora_addmm import addmm_lora
 from grooves.optim import adamw
 from grooves.runlog import RunLog
 from grooves.tokenize import TrainSequence, pack_batches
@@ -189,7 +190,7 @@ def sft_step(policy, optimizer, seqs: list[TrainSequence], config: SftConfig) ->
     num_tokens = sum(s.num_sampled for s in seqs)
     batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=policy.tokenizer.pad_token_id or 0)
     nll_sum = 0.0
-    with policy.lock:
+    with policy.lock, addmm_lora(model):
         model.train()
         for batch in batches:
             lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]

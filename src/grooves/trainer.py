@@ -41,6 +41,7 @@ from grooves.advantage import group_advantages
 from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from grooves.config import RunConfig, dump_config
 from grooves.forward import shared_prefix_logprobs, token_logprobs
+from grooves.lora_addmm import addmm_lora
 from grooves.loss import compute_loss
 from grooves.optim import adamw
 from grooves.policy.handle import ModelHandle
@@ -218,7 +219,7 @@ def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], c
     num_tokens = sum(s.num_sampled for s in seqs)
     temperature = config.rollout.temperature
     totals: dict[str, float] = {}
-    with policy.lock, policy.training_phase():
+    with policy.lock, policy.training_phase(), addmm_lora(model):
         model.train()
         for batch, prefix_len in batches:
             lp, entropy = _logprobs(model, batch, prefix_len, temperature)  # [B, T]

@@ -133,22 +133,11 @@ def test_draws_follow_the_softmax_at_the_temperature_and_never_pick_a_zero_proba
     assert torch.allclose(logps, expected.log()[tokens])
 
 
-def test_the_blocked_inverse_cdf_picks_the_token_a_full_cumulative_sum_picks():
-    from grooves.policy.sampling import CDF_BLOCK, _inverse_cdf
+def test_a_draw_at_the_top_of_the_cdf_takes_the_last_token_with_mass():
+    from grooves.policy.sampling import _inverse_cdf
 
-    g = torch.Generator().manual_seed(0)
-    vocab = 3 * CDF_BLOCK + 37  # a partial last block
-    probs = torch.rand(64, vocab, generator=g) ** 4
-    probs[:, CDF_BLOCK : 2 * CDF_BLOCK] = 0  # a whole block without mass
-    probs[:, CDF_BLOCK - 1] = 0  # and zeros on block borders
-    probs[:, -5:] = 0
-    probs = probs / probs.sum(-1, keepdim=True)
-    uniforms = torch.rand(64, generator=g, dtype=torch.float64)
-    cdf = probs.double().cumsum(-1)
-    expected = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
-    assert torch.equal(_inverse_cdf(probs, uniforms), expected)
-
-    # u = 1 (or rounding up to the total) falls past every token: the last token with mass is drawn
-    last = _inverse_cdf(probs[:2], torch.ones(2, dtype=torch.float64))
-    assert last.tolist() == [vocab - 6, vocab - 6]
-    assert bool((probs.gather(-1, _inverse_cdf(probs, torch.zeros(64, dtype=torch.float64))[:, None]) > 0).all())
+    probs = torch.tensor([[0.5, 0.25, 0.25, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    # u = 1 (or u * total rounding up to the total) falls past every token, into the zero-mass tail
+    assert _inverse_cdf(probs, torch.ones(2, dtype=torch.float64)).tolist() == [2, 1]
+    assert _inverse_cdf(probs, torch.tensor([0.0, 0.0], dtype=torch.float64)).tolist() == [0, 1]
+    assert _inverse_cdf(probs, torch.tensor([0.6, 0.99], dtype=torch.float64)).tolist() == [1, 1]

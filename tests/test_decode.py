@@ -143,3 +143,27 @@ def test_the_plan_times_both_forms_then_keeps_the_clearly_faster():
         assert close.form(4) is form
         close.record(4, form, seconds)
     assert close.chosen() == {4: False}  # within the margin: the usual form stays
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])
+def test_greedy_steps_give_transformers_logprobs_in_each_dtype(model_dir, dtype, tol):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    ids = torch.randint(0, 400, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # one left-padded row
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    runs = {}
+    with torch.no_grad():
+        for fused in (True, False):
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            decode = decoder_for(model, out.past_key_values, mask, 12, fused=fused)
+            assert isinstance(decode, FusedDecode if fused else TransformersDecode)
+            tokens, pos, steps = torch.tensor([5, 6, 7]), positions[:, -1] + 1, []
+            for _ in range(6):
+                logits = decode.step(tokens, pos)
+                steps.append(logits.log_softmax(-1))
+                tokens, pos = logits.argmax(-1), pos + 1
+            runs[fused] = torch.stack(steps)  # [steps, R, V]
+    assert torch.allclose(runs[True], runs[False], atol=tol)

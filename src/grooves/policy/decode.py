@@ -300,9 +300,8 @@ def _plain_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
         if module.merged or module.disable_adapters or not active:
             return _plain_linear(module.get_base_layer())
         return None
-    weight = getattr(module, "weight", None)
-    if isinstance(module, nn.Linear) or (type(module).__name__ == "PlannedLinear" and weight is not None):
-        return weight, module.bias
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
     return None
 
 

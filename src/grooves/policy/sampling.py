@@ -6,7 +6,8 @@ times (a GRPO group shares its prompt), and (3) several different requests decod
 
 The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
 its n samples, then decode one token per step for all rows, dropping finished rows from the cache
-so late steps cost only what is still running.
+so late steps cost only what is still running. The decode steps of Llama/Qwen2 models run on a
+leaner forward of our own, the same function in fewer ops (`policy/decode.py`).
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO

@@ -68,12 +68,12 @@ class MatmulPlan:
     by timing real decode steps.
 
     At a few rows the two forms are the same product through different BLAS kernels, and which is
-    faster depends on the CPU, the row count and whether the weights come from cache or memory (a
-    decode step streams every weight from memory: on an AMD EPYC with MKL, `(W x^T)^T` took 12.7
-    against 40.3 ms for SmolLM2-135M's block weights at 4 rows, 28.8 against 34.0 at 8). Timing
-    single matmuls in a loop would measure cached weights, so the plan times the decode steps
-    themselves: the first `trials` steps at each row count in each form, alternating, then the
-    faster (by a clear margin, else `x W^T`). Nothing extra runs; the plan persists across batches.
+    faster depends on the CPU, the row count and what else the step does. On an AMD EPYC with MKL,
+    a loop over SmolLM2-135M's 30 blocks of weights favoured `(W x^T)^T` (12.7 against 40.3 ms at
+    4 rows, 28.8 against 34.0 at 8), yet real decode steps at 8 rows ran slower in that form (8 x 32
+    tokens: 3.37 against 2.60 s). So the plan times the decode steps themselves: the first
+    `trials` steps at each row count in each form, alternating, then the faster (by a clear
+    margin, else `x W^T`). Nothing extra runs; the plan persists across batches.
     """
 
     def __init__(self, trials: int = 2, margin: float = 0.9):
@@ -168,9 +168,14 @@ class _Block:
     scaling: float
 
 
+def _base(model) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _blocks_of(model) -> list[_Block] | None:
     """The blocks of a supported model, read for this batch's weights; None if the model is not one."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     config = base.config
     if config.model_type not in SUPPORTED_MODEL_TYPES or base.training:
         return None
@@ -207,7 +212,7 @@ class FusedDecode:
     """Decode steps of a Llama-family model in few, large ops, on a KV cache of fixed capacity."""
 
     def __init__(self, model, blocks: list[_Block], cache, mask: torch.Tensor, capacity: int, plan: MatmulPlan | None = None):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = _base(model)
         self.blocks = blocks
         self.plan = plan if mask.device.type == "cpu" else None  # host timers cannot time asynchronous GPU kernels
         self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)

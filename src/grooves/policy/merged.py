@@ -23,6 +23,7 @@ writers that bypass it (torch's fused AdamW updates its parameters without bumpi
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 
@@ -78,21 +79,15 @@ class MergedWeights:
         """One buffer per layer, as consecutive rows of one block for layers of one parent that share
         their input (q, k, v and o of an attention; gate and up of an MLP), so that a decoder can run
         each such group as one matmul (`policy/decode.py`)."""
-        groups: list[list[int]] = []
-        for i, m in enumerate(self.layers):
+
+        def group_key(i: int) -> tuple:
+            m = self.layers[i]
             w = m.base_layer.weight
-            if groups and not m.fan_in_fan_out:
-                j = groups[-1][-1]
-                prev = self.layers[j]
-                pw = prev.base_layer.weight
-                if (
-                    self._parents[j] == self._parents[i]
-                    and not prev.fan_in_fan_out
-                    and (pw.shape[1], pw.dtype, pw.device) == (w.shape[1], w.dtype, w.device)
-                ):
-                    groups[-1].append(i)
-                    continue
-            groups.append([i])
+            if m.fan_in_fan_out:  # its weight is [in, out]: rows are not outputs, so it stays alone
+                return (i,)
+            return (self._parents[i], w.shape[1], w.dtype, w.device)
+
+        groups = [list(g) for _, g in itertools.groupby(range(len(self.layers)), key=group_key)]
         buffers: list[torch.Tensor] = [None] * len(self.layers)  # type: ignore[list-item]
         for group in groups:
             weights = [self.layers[i].base_layer.weight for i in group]

@@ -81,8 +81,9 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         if r.generator is not None:
             uniforms[j] = torch.rand((), generator=r.generator, dtype=torch.float64)
     sampled = _inverse_cdf(probs, uniforms)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled) if bool(greedy.any()) else sampled
+    tokens = sampled
     if bool(greedy.any()):  # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
+        tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
         logp = torch.where(greedy[:, None], torch.log_softmax(logits, dim=-1), logp)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, chosen

@@ -33,6 +33,7 @@ test-slow: setup
 bench: setup
 	$(BIN)/grooves models fetch
 	$(BIN)/python benchmarks/bench_generation.py
+	$(BIN)/python benchmarks/bench_matmul_forms.py
 	$(BIN)/python benchmarks/bench_floor.py
 	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
 	$(BIN)/python benchmarks/bench_watch_fpr.py

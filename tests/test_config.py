@@ -33,6 +33,11 @@ def test_impossible_values(data, field):
     assert msg.startswith(f"{field}: ") and "\n" not in msg
 
 
+def test_an_unknown_matmul_form_names_the_field_and_the_choices():
+    msg = _error({"model": {"matmul_forms": "fastest"}})
+    assert msg.startswith("model.matmul_forms: ") and "'timed_head'" in msg and "'fixed'" in msg and "\n" not in msg
+
+
 def test_load_and_round_trip(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('name = "x"\nsteps = 3\n[rollout]\ngroup_size = 4\n[algorithm]\nloss = "cispo"\n')

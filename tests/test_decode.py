@@ -145,6 +145,16 @@ def test_the_plan_times_both_forms_then_keeps_the_clearly_faster():
     assert close.chosen() == {4: False}  # within the margin: the usual form stays
 
 
+def test_an_untimed_plan_keeps_the_usual_form_whatever_the_timings():
+    plan = MatmulPlan(trials=1, timed=False)
+    for _ in range(3):
+        form = plan.form(8)
+        assert form is False  # never tries the other form, so no sampled token depends on a timing
+        plan.record(8, True, 0.001)  # even a far faster other form
+        plan.record(8, False, 1.0)
+    assert plan.form(8) is False and plan.chosen() == {}
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])
 def test_greedy_steps_give_transformers_logprobs_in_each_dtype(model_dir, dtype, tol):
     from transformers import AutoModelForCausalLM

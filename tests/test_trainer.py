@@ -95,6 +95,13 @@ def test_resume_gives_the_same_next_steps(peaked_model_dir, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
+def test_two_runs_of_one_seed_with_fixed_matmul_forms_are_identical(peaked_model_dir, tmp_path):
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 4, "model__matmul_forms": "fixed"}
+    runs = [[_comparable(r) for r in _rows(train(_config(peaked_model_dir, tmp_path / name, **over)))] for name in "ab"]
+    assert len([r for r in runs[0] if "loss" in r]) == 3
+    assert runs[0] == runs[1]  # exactly: the same samples, losses and gradients, not merely close
+
+
 def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
     """The detectors' baselines survive a resume: the same watch statistics and findings as a run that never stopped."""
     watch = {"length_drift": {"baseline_steps": 2, "smooth": 1, "max_ratio": 1.01, "min_ratio": 0.99},

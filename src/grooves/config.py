@@ -39,6 +39,14 @@ class ModelConfig(_Section):
     """transformers backend, Llama/Qwen2 models: decode with the sampler's own forward (q/k/v and
     gate/up as one matmul each, a KV cache written in place; see `policy/decode.py`). false: every
     decode step runs through transformers' forward. Other model types always use the latter."""
+    matmul_forms: Literal["timed_head", "fixed", "timed"] = "timed_head"
+    """CPU sampling. A decode matmul can run as `x W^T` or as `(W x^T)^T`: the same product through
+    another BLAS kernel, with other float rounding, and on some CPUs several times faster at a few
+    rows. `timed_head`: only the output head's form is chosen, per row count, by timing it once on
+    its own weight before it is used; the blocks run `x W^T`. `fixed`: `x W^T` everywhere, nothing
+    depends on a timing. `timed`: the blocks' forms too, from their first real decode steps; a
+    choice made on a busy machine can differ between two runs of one seed, which then sample other
+    tokens and drift apart within a few steps. See docs/speed.md."""
     reuse_freed_memory: bool = True
     """CPU on glibc: keep the big blocks torch frees for reuse instead of unmapping them, so a step's
     40 MB logits tensors are not page-faulted in again every time (see `policy/allocator.py`);

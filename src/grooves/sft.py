@@ -230,7 +230,7 @@ def _policy(config: SftConfig):
         config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
         tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
         merge_for_sampling=config.model.merge_lora_for_sampling, reuse_freed_memory=config.model.reuse_freed_memory,
-        fused_decode=config.model.fused_decode,
+        fused_decode=config.model.fused_decode, matmul_forms=config.model.matmul_forms,
     )  # fmt: skip
 
 

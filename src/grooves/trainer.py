@@ -132,6 +132,7 @@ def build_policy(config: RunConfig) -> TransformersPolicy:
         merge_for_sampling=config.model.merge_lora_for_sampling,
         reuse_freed_memory=config.model.reuse_freed_memory,
         fused_decode=config.model.fused_decode,
+        matmul_forms=config.model.matmul_forms,
     )
 
 

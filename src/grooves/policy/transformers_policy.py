@@ -72,6 +72,7 @@ class TransformersPolicy:
         merge_for_sampling: bool = True,
         reuse_freed_memory: bool = True,
         fused_decode: bool = True,
+        matmul_forms: str = "timed_head",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,10 +112,12 @@ class TransformersPolicy:
         """The own adapter folded into copies of the base weights, for sampling (see `policy/merged.py`)."""
         self.fused_decode = fused_decode
         """Decode Llama-family models with the sampler's own lean forward (see `policy/decode.py`)."""
-        self._plan = MatmulPlan()
-        """That forward's matmul form per row count, from timed decode steps."""
-        self._head = PlannedHead()
-        """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`)."""
+        if matmul_forms not in ("timed_head", "fixed", "timed"):
+            raise ValueError(f"matmul_forms={matmul_forms!r}: use 'timed_head', 'fixed' or 'timed' (see ModelConfig.matmul_forms)")
+        self._plan = MatmulPlan(timed=matmul_forms == "timed")
+        """That forward's matmul form per row count: `x W^T`, or the faster form from timed decode steps."""
+        self._head = PlannedHead(timed=matmul_forms != "fixed")
+        """The output head's matmul form per decode row count: `x W^T`, or timed once (see `policy/output_head.py`)."""
         self.device = device
         self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))

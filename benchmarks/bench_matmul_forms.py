@@ -16,16 +16,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from typing import get_args
 
 import torch
 from bench_generation import _timed_rounds
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import MatmulForms
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
 
-SETTINGS = ("timed_head", "fixed", "timed")
+SETTINGS = get_args(MatmulForms)
 COUNTRIES = ("France", "Japan", "Kenya", "Peru", "Norway", "Egypt", "Chile", "Vietnam", "Germany", "Lebanon", "Canada", "Brazil")
 WORKLOADS = {"demo: 4 groups x 8, 24 tokens": (4, 24), "benchmark step: 1 group x 8, 32 tokens": (1, 32)}
 

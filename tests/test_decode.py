@@ -145,14 +145,14 @@ def test_the_plan_times_both_forms_then_keeps_the_clearly_faster():
     assert close.chosen() == {4: False}  # within the margin: the usual form stays
 
 
-def test_an_untimed_plan_keeps_the_usual_form_whatever_the_timings():
-    plan = MatmulPlan(trials=1, timed=False)
-    for _ in range(3):
-        form = plan.form(8)
-        assert form is False  # never tries the other form, so no sampled token depends on a timing
-        plan.record(8, True, 0.001)  # even a far faster other form
-        plan.record(8, False, 1.0)
-    assert plan.form(8) is False and plan.chosen() == {}
+@pytest.mark.parametrize("forms,blocks_timed,head_timed", [("timed_head", False, True), ("fixed", False, False), ("timed", True, True)])
+def test_each_matmul_forms_setting_times_only_what_it_says(model_dir, forms, blocks_timed, head_timed):
+    policy = _policy(model_dir, matmul_forms=forms)
+    head = policy.model.get_output_embeddings()
+    policy.generate(_prompts(policy), PARAMS)
+    assert policy.model.get_output_embeddings() is head  # swapped back after sampling, if swapped at all
+    assert (policy._plan is not None and bool(policy._plan._seconds)) is blocks_timed
+    assert (policy._head is not None and policy._head._plan is not None and bool(policy._head._plan._transposed)) is head_timed
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])

@@ -34,15 +34,6 @@ def test_weights_off_the_cpu_are_never_timed():
     assert plan._transposed == {}
 
 
-def test_an_untimed_head_is_left_as_it_is(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    head = model.get_output_embeddings()
-    planned = PlannedHead(timed=False)
-    with planned.applied(model):
-        assert model.get_output_embeddings() is head
-    assert planned._plan is None  # nothing was timed
-
-
 def test_planned_head_is_swapped_in_only_inside_and_keeps_the_logits(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     head = model.get_output_embeddings()

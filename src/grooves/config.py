@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grooves.watch.config import WatchConfig
 
+MatmulForms = Literal["timed_head", "fixed", "timed"]
+"""What `ModelConfig.matmul_forms` may be."""
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -39,7 +42,7 @@ class ModelConfig(_Section):
     """transformers backend, Llama/Qwen2 models: decode with the sampler's own forward (q/k/v and
     gate/up as one matmul each, a KV cache written in place; see `policy/decode.py`). false: every
     decode step runs through transformers' forward. Other model types always use the latter."""
-    matmul_forms: Literal["timed_head", "fixed", "timed"] = "timed_head"
+    matmul_forms: MatmulForms = "timed_head"
     """CPU sampling. A decode matmul can run as `x W^T` or as `(W x^T)^T`: the same product through
     another BLAS kernel, with other float rounding, and on some CPUs several times faster at a few
     rows. `timed_head`: only the output head's form is chosen, per row count, by timing it once on

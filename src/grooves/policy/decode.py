@@ -75,26 +75,24 @@ class MatmulPlan:
     `trials` steps at each row count in each form, alternating, then the faster (by a clear
     margin, else `x W^T`). Nothing extra runs; the plan persists across batches.
 
-    `timed=False` keeps `x W^T` at every row count: the two forms round differently, and a choice
+    Without a plan every step runs `x W^T`, untimed: the two forms round differently, and a choice
     made by timing can differ between two runs of one seed, which then sample different tokens.
     """
 
-    def __init__(self, trials: int = 2, margin: float = 0.9, *, timed: bool = True):
-        self.trials, self.margin, self.timed = trials, margin, timed
+    def __init__(self, trials: int = 2, margin: float = 0.9):
+        self.trials, self.margin = trials, margin
         self._seconds: dict[int, dict[bool, list[float]]] = {}
         self._chosen: dict[int, bool] = {}
 
     def form(self, rows: int) -> bool:
         """True: run this row count's step as `(W x^T)^T`."""
-        if not self.timed:
-            return False
         if rows in self._chosen:
             return self._chosen[rows]
         seen = self._seconds.setdefault(rows, {False: [], True: []})
         return len(seen[True]) < len(seen[False])
 
     def record(self, rows: int, transposed: bool, seconds: float) -> None:
-        if not self.timed or rows in self._chosen:
+        if rows in self._chosen:
             return
         seen = self._seconds[rows]
         seen[transposed].append(seconds)

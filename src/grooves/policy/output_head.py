@@ -69,22 +69,15 @@ class PlannedLinear(torch.nn.Module):
 
 
 class PlannedHead:
-    """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls.
+    """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
 
-    `timed=False` leaves the head as it is (`x W^T` at every row count), so sampling does not depend
-    on a timing."""
-
-    def __init__(self, *, timed: bool = True):
-        self.timed = timed
+    def __init__(self):
         self._plan: HeadPlan | None = None
         self._slot: tuple[torch.nn.Module, torch.nn.Module, str] | None = None
         """(head, its parent, attribute): found once per head, not at every sampling batch."""
 
     @contextlib.contextmanager
     def applied(self, model: torch.nn.Module):
-        if not self.timed:
-            yield
-            return
         head = model.get_output_embeddings()
         if self._slot is None or self._slot[0] is not head:
             slot = _slot_of(model, head) if type(head) is torch.nn.Linear else None

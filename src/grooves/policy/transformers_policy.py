@@ -22,10 +22,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from grooves.config import MatmulForms
 from grooves.models import resolve_model
 from grooves.policy import allocator
 from grooves.policy.decode import MatmulPlan
@@ -72,7 +73,7 @@ class TransformersPolicy:
         merge_for_sampling: bool = True,
         reuse_freed_memory: bool = True,
         fused_decode: bool = True,
-        matmul_forms: str = "timed_head",
+        matmul_forms: MatmulForms = "timed_head",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,12 +113,12 @@ class TransformersPolicy:
         """The own adapter folded into copies of the base weights, for sampling (see `policy/merged.py`)."""
         self.fused_decode = fused_decode
         """Decode Llama-family models with the sampler's own lean forward (see `policy/decode.py`)."""
-        if matmul_forms not in ("timed_head", "fixed", "timed"):
-            raise ValueError(f"matmul_forms={matmul_forms!r}: use 'timed_head', 'fixed' or 'timed' (see ModelConfig.matmul_forms)")
-        self._plan = MatmulPlan(timed=matmul_forms == "timed")
-        """That forward's matmul form per row count: `x W^T`, or the faster form from timed decode steps."""
-        self._head = PlannedHead(timed=matmul_forms != "fixed")
-        """The output head's matmul form per decode row count: `x W^T`, or timed once (see `policy/output_head.py`)."""
+        if matmul_forms not in get_args(MatmulForms):
+            raise ValueError(f"matmul_forms={matmul_forms!r}: use one of {get_args(MatmulForms)} (see ModelConfig.matmul_forms)")
+        self._plan = MatmulPlan() if matmul_forms == "timed" else None
+        """That forward's matmul form per row count, from timed decode steps; None: `x W^T`, untimed."""
+        self._head = PlannedHead() if matmul_forms != "fixed" else None
+        """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`); None: the head as it is."""
         self.device = device
         self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -205,7 +206,8 @@ class TransformersPolicy:
         `adapter` names an extra adapter loaded with `load_adapter`; None samples with the policy's
         own weights (its training or `adapter_path` adapter, or the base model if it has none).
         """
-        with self.lock, self._sampling_weights(adapter), self._head.applied(self.model):
+        head = self._head.applied(self.model) if self._head is not None else contextlib.nullcontext()
+        with self.lock, self._sampling_weights(adapter), head:
             was_training = self.model.training
             self.model.eval()
             try:

@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/grooves models fetch
 	$(BIN)/python benchmarks/bench_generation.py
 	$(BIN)/python benchmarks/bench_matmul_forms.py
+	$(BIN)/python benchmarks/bench_batch_invariance.py
 	$(BIN)/python benchmarks/bench_floor.py
 	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
 	$(BIN)/python benchmarks/bench_watch_fpr.py

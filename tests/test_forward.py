@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -75,8 +77,37 @@ def test_temperature_and_chunking(model):
     lps = _per_sequence(batch, lp_small)
     for src, s in enumerate(seqs):
         assert (lps[src] - _naive(model, s.input_ids, temperature=0.7)[0]).abs().max() < 1e-5
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature must be finite and > 0"):
         token_logprobs(model, batch, temperature=0.0)
+
+
+def _with_temperatures(seqs: list[TrainSequence], per_sequence: list[list[float]]) -> list[TrainSequence]:
+    """Each sequence's sampled tokens at the given temperatures, in turn: as if its turns were sampled at them."""
+    out = []
+    for s, temps in zip(seqs, per_sequence, strict=True):
+        sampled = [i for i, m in enumerate(s.sampled_mask) if m]
+        t = [1.0] * len(s)
+        for k, i in enumerate(sampled):
+            t[i] = temps[k * len(temps) // len(sampled)]
+        out.append(dataclasses.replace(s, temperatures=t))
+    return out
+
+
+@torch.no_grad()
+def test_each_token_is_read_at_its_own_temperature(model):
+    """lp[t] = log_softmax(logits[t-1] / T_t)[ids[t]] with T_t from the batch, in padded and packed batches."""
+    seqs = _with_temperatures(_sequences(model.config.vocab_size), [[0.5], [0.5, 1.3], [1.0], [0.7, 1.0, 2.0]])
+    for batch in [pad_batch(seqs), *pack_batches(seqs, max_tokens=20)]:
+        lps = _per_sequence(batch, token_logprobs(model, batch)[0])
+        for src in batch.sequence_index:
+            s = seqs[src]
+            expected = torch.zeros(len(s))
+            for temp in set(s.temperatures):
+                at = torch.tensor([t == temp for t in s.temperatures])  # [T]
+                expected[at] = _naive(model, s.input_ids, temperature=temp)[0][at]
+            assert (lps[src] - expected).abs().max() < 1e-5, src
+    with pytest.raises(ValueError, match="temperatures must be finite and > 0"):
+        dataclasses.replace(seqs[0], temperatures=[0.0] * len(seqs[0]))
 
 
 def test_chunked_gradient_matches_naive(model):
@@ -153,7 +184,8 @@ def test_packed_batch_refuses_attention_without_4d_masks(tiny_model_dir):
 
 
 def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir):
-    """Computing a group's prompt once gives the same logprobs and LoRA gradients as B full forwards."""
+    """Computing a group's prompt once gives the same logprobs and LoRA gradients as B full forwards,
+    each row's tokens at their own sampling temperatures."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -168,8 +200,10 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
     for i, completion in enumerate([[40, 41, 2], [50, 51, 52, 53, 2], [60, 2]]):
         ids = prompt + completion
         mask = [False] * len(prompt) + [True] * len(completion)
-        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), advantage=float(i) - 1.0, group_id=0, prompt_len=len(prompt)))
+        temps = [1.0] * len(prompt) + [[0.5, 1.0, 1.7][i]] * len(completion)
+        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), float(i) - 1.0, 0, len(prompt), temperatures=temps))
     batch = pad_batch(seqs)
+    assert not bool((batch.temperatures == 1).all())
     params = [p for p in model.parameters() if p.requires_grad]
 
     def loss_and_grads(fn):
@@ -189,3 +223,6 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
         assert any(float(g.abs().max()) > 0 for g in g_pre)
         if packed:  # padding is never computed, so it stays 0
             assert float(lp_pre[~batch.attention_mask.bool()].abs().max()) == 0.0
+    alike = pad_batch([dataclasses.replace(s, input_ids=prompt + [40] + s.input_ids[len(prompt) + 1 :]) for s in seqs])
+    with pytest.raises(ValueError, match="the shared prefix holds sampled tokens"):  # each row's first sampled token is 40
+        shared_prefix_logprobs(model, alike, len(prompt) + 1)

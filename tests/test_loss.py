@@ -117,8 +117,59 @@ def test_k3_nonnegative_and_zero_at_equal():
     lp, lp_ref = -torch.rand(64, 32, generator=g) * 5, -torch.rand(64, 32, generator=g) * 5
     assert (kl_penalty(lp, lp_ref, "k3") >= 0).all()
     assert kl_penalty(lp, lp, "k3").abs().max() == 0
-    with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
-        kl_penalty(lp, lp_ref, "k2")
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; allowed: k1, k2, k3"):
+        kl_penalty(lp, lp_ref, "k4")
+
+
+def test_kl_k2_value_and_gradient():
+    # pi = 0.5 and 0.25 on the sampled tokens, pi_ref = 0.25 and 1: d = log(ref/pi) = -log 2, log 4
+    lp = torch.tensor([LOG(0.5), LOG(0.25)], requires_grad=True)
+    lp_ref = torch.tensor([LOG(0.25), LOG(1.0)])
+    k2 = kl_penalty(lp, lp_ref, "k2")
+    torch.testing.assert_close(k2.detach(), torch.tensor([0.5 * LOG(2) ** 2, 0.5 * LOG(4) ** 2]))
+    k2.sum().backward()
+    # d/dlp (d^2 / 2) = -d = lp - lp_ref: log 2 and -log 4, the score weights of grad KL(pi || ref)
+    torch.testing.assert_close(lp.grad, torch.tensor([LOG(2), -LOG(4)]))
+
+
+def _expected_kl_gradient(kind):
+    """Exact E_{y ~ pi}[grad_theta k(y)] for pi = softmax(theta) over 3 tokens, by enumeration."""
+    theta = torch.tensor([0.3, -0.2, 0.9], dtype=torch.float64, requires_grad=True)
+    lp_ref = torch.log(torch.tensor([0.8, 0.15, 0.05], dtype=torch.float64))
+    lp = torch.log_softmax(theta, dim=0)
+    per_token = kl_penalty(lp, lp_ref, kind)  # the estimator at each possible sampled token
+    expected = (lp.exp().detach() * per_token).sum()  # sampling weights held fixed: a loss's gradient
+    (grad,) = torch.autograd.grad(expected, theta)
+    return theta, lp_ref, grad
+
+
+def test_kl_estimators_expected_gradients_tang_munos():
+    """k1's expected gradient is 0, k2's that of KL(pi || ref), k3's that of KL(ref || pi) (arXiv 2506.09477)."""
+    theta, lp_ref, g1 = _expected_kl_gradient("k1")
+    torch.testing.assert_close(g1, torch.zeros(3, dtype=torch.float64))
+    lp = torch.log_softmax(theta, dim=0)
+    kl_reverse, kl_forward = (lp.exp() * (lp - lp_ref)).sum(), (lp_ref.exp() * (lp_ref - lp)).sum()
+    (g_reverse,) = torch.autograd.grad(kl_reverse, theta, retain_graph=True)  # grad KL(pi || ref)
+    (g_forward,) = torch.autograd.grad(kl_forward, theta)  # grad KL(ref || pi)
+    torch.testing.assert_close(_expected_kl_gradient("k2")[2], g_reverse)
+    torch.testing.assert_close(_expected_kl_gradient("k3")[2], g_forward)
+    assert (g_reverse - g_forward).abs().max() > 0.1  # the two directions differ here
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_off_the_mask_cannot_overflow(kind):
+    """Prompt or padding positions where lp_ref - lp > 88 (exp overflows in fp32) give a finite loss and gradient."""
+    lp, lp_old, adv, mask, seq_ids = _ratio_case()
+    lp_ref = lp.detach().clone()
+    lp_ref[:, 3] = lp.detach()[:, 3] + 200.0  # the masked column
+    loss, stats = compute_loss(
+        lp, lp_old, adv, mask, seq_ids, policy_loss="ppo", eps_low=0.2, eps_high=0.28,
+        aggregation="token_mean", max_completion_tokens=4, lp_ref=lp_ref, beta=0.1, kl_kind=kind,
+    )  # fmt: skip
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    assert stats["kl_mean"] == 0.0 and stats["kl_loss"] == 0.0  # lp_ref equals lp on every sampled token
+    assert (lp.grad[:, 3] == 0).all()
 
 
 def _agg_case():
@@ -150,6 +201,16 @@ def test_aggregation_normalizers(mode, expected):
         for i in range(2)
     ]
     assert sum(p.item() for p in parts) == pytest.approx(expected)
+
+
+def test_constant_aggregation_counts_every_rollout_of_the_step():
+    """Dr. GRPO divides by all G x L of the step: rollouts of dropped groups count, though they add no loss."""
+    loss, mask, seq_ids = _agg_case()
+    # 2 sequences trained out of 6 rollouts (a group of 4 had zero variance): 15 / (6 x 4)
+    common = dict(max_completion_tokens=4, num_sequences=2, num_tokens=5, num_rollouts=6)
+    assert aggregate(loss, mask, seq_ids, "constant", **common).item() == pytest.approx(15 / 24)
+    assert aggregate(loss, mask, seq_ids, "token_mean", **common).item() == pytest.approx(15 / 5)
+    assert aggregate(loss, mask, seq_ids, "sequence_mean", **common).item() == pytest.approx((6 / 3 + 9 / 2) / 2)
 
 
 def test_aggregation_unknown_mode():

@@ -39,6 +39,16 @@ def test_append_only_multi_turn_is_one_sequence_with_exact_mask():
     assert prefix_breaks(_tool_trajectory()) == 0
 
 
+def test_each_sampled_token_carries_its_turns_temperature():
+    traj = _tool_trajectory()
+    traj.turns[0].temperature, traj.turns[1].temperature, traj.turns[2].temperature = 0.5, 0.0, 1.25
+    (seq,) = trajectory_to_sequences(traj, 1.0)
+    # context at 1; the greedy turn (0) reports temperature-1 logprobs, so it is read at 1
+    assert seq.temperatures == [1, 1, 1, 0.5, 0.5, 0.5, 1, 1, 1.0, 1.0, 1, 1, 1, 1.25]
+    packed = pack_batches([seq, _seq([5, 6, 7], 1)], max_tokens=32)[0]
+    assert packed.temperatures.tolist() == [[*seq.temperatures, 1, 1, 1]]  # None: 1 everywhere
+
+
 def test_non_append_only_template_starts_a_new_sequence():
     traj = _tool_trajectory()
     # turn 1's template drops the earlier completion except its last token (like stripping <think>)

@@ -1,8 +1,9 @@
-"""The training loop on a tiny real model: reward goes up, resume equals an uninterrupted run."""
+"""The training loop on a tiny real model: reward goes up, resume equals an uninterrupted run; one step's update."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -181,3 +182,258 @@ def test_scenario_stream_is_resumable_across_epochs():
     assert sorted(taken[:5]) == list(range(5)) and sorted(taken[5:10]) == list(range(5))
     b = ScenarioStream(scenarios, seed=1, position=7)
     assert [s["i"] for _, s in b.take(5)] == taken[7:12]
+
+
+# ---- one optimizer step (`optimize`) on a tiny policy ------------------------------------------
+@pytest.fixture(scope="module")
+def policy(peaked_model_dir):
+    """A tiny policy whose LoRA B is not zero, so both A and B get gradients."""
+    import torch
+
+    from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
+
+    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, served_name="tiny")
+    torch.manual_seed(0)
+    for name, p in policy.model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0.0, 0.05)
+    return policy
+
+
+def _trainable(policy) -> dict:
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+def _restore(policy, weights: dict) -> None:
+    for n, p in policy.model.named_parameters():
+        if n in weights:
+            p.data.copy_(weights[n])
+        p.grad = None
+
+
+def _update(policy, seqs, config, stale_grad: float | None = None) -> tuple[dict, dict]:
+    """(parameter change, stats) of one `optimize` with SGD at lr 1 and no clipping: the change is -gradient."""
+    import torch
+
+    from grooves.trainer import optimize
+
+    before = _trainable(policy)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    if stale_grad is not None:  # what an earlier, unfinished step could have left behind
+        for p in params:
+            p.grad = torch.full_like(p, stale_grad)
+    stats = optimize(policy, torch.optim.SGD(params, lr=1.0), seqs, config)
+    after = _trainable(policy)
+    _restore(policy, before)
+    return {n: after[n] - before[n] for n in before}, stats
+
+
+def _on_policy(policy, seqs):
+    """`seqs` with old logprobs recomputed by the policy itself, each token at its own temperature (ratio 1)."""
+    import dataclasses
+
+    import torch
+
+    from grooves.forward import token_logprobs
+    from grooves.tokenize import pad_batch
+
+    with torch.no_grad():
+        lp, _ = token_logprobs(policy.model, pad_batch(seqs))  # [B, T]
+    return [
+        dataclasses.replace(s, old_logprobs=[v if m else 0.0 for v, m in zip(lp[i, : len(s)].tolist(), s.sampled_mask, strict=True)])
+        for i, s in enumerate(seqs)
+    ]
+
+
+def _group(prompt, completions, advantages, group_id, temperature=1.0):
+    """Hand-made sequences: `completions` are lists of (ids, sampled) runs after a shared prompt."""
+    from grooves.tokenize import TrainSequence
+
+    seqs = []
+    for runs, adv in zip(completions, advantages, strict=True):
+        ids, mask = list(prompt), [False] * len(prompt)
+        for run, sampled in runs:
+            ids += run
+            mask += [sampled] * len(run)
+        temps = [temperature if m else 1.0 for m in mask]
+        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), adv, group_id, len(prompt), temperatures=temps))
+    return seqs
+
+
+def _alike_groups():
+    """Completions that begin with the same sampled tokens (one-turn), and a multi-turn group whose
+    members share their first sampled tokens and the tool text after them."""
+    prompt = [1, 30, 31, 32, 33, 34, 35, 36, 37, 2]  # 10 tokens, past MIN_SHARED_PREFIX
+    one_turn = _group(prompt, [[([60, 61, 62, 70], True)], [([60, 61, 62, 71, 72], True)], [([60, 61, 63], True)]], [1.0, -0.2, -0.5], 0)
+    tool = [([80, 81], True), ([5, 90, 91, 92, 6], False)]  # a tool call, then its result (context)
+    multi = _group(prompt[:9], [tool + [([100, 101], True)], tool + [([110], True)]], [0.7, -0.7], 1, temperature=0.8)
+    return one_turn + multi
+
+
+def _relative_error(a: dict, b: dict) -> float:
+    import torch
+
+    num = torch.sqrt(sum(((a[n] - b[n]) ** 2).sum() for n in a))
+    return float(num / torch.sqrt(sum((b[n] ** 2).sum() for n in b)))
+
+
+@pytest.mark.parametrize(
+    "loss,aggregation,kl_beta", [("ppo", "token_mean", 0.0), ("ppo", "token_mean", 0.1), ("gspo", "sequence_mean", 0.0), ("cispo", "constant", 0.0)]
+)
+def test_shared_prefix_trains_sampled_tokens_that_begin_alike(policy, peaked_model_dir, tmp_path, loss, aggregation, kl_beta):
+    """The shared prefix stops before each member's first sampled token: same update as without it, ratio 1.
+
+    (Advantages that sum to zero in a group would hide a lost token's policy gradient, as every
+    member has the same gradient there; the KL term has no such cancellation.)
+    """
+    from grooves.trainer import micro_batches
+
+    eps = {"algorithm__eps_low": 3e-4, "algorithm__eps_high": 4e-4} if loss == "gspo" else {}
+    over = dict(algorithm__loss=loss, algorithm__aggregation=aggregation, algorithm__kl_beta=kl_beta, optim__grad_clip=1e9, **eps)
+    seqs = _on_policy(policy, _alike_groups())
+    shared = _config(peaked_model_dir, tmp_path, **over)
+    assert [prefix for _, prefix in micro_batches(seqs, shared.optim, 0)] == [10, 9]  # the prompts, not the alike tokens
+    separate = _config(peaked_model_dir, tmp_path, optim__share_prefix=False, **over)
+    update_shared, stats = _update(policy, seqs, shared)
+    update_separate, _ = _update(policy, seqs, separate)
+    assert _relative_error(update_shared, update_separate) < 1e-5
+    assert max(float(u.abs().max()) for u in update_shared.values()) > 0
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["clip_fraction"] == 0.0
+    assert stats["mismatch_abs_max"] < 1e-5
+
+
+def test_mismatch_abs_max_is_the_largest_over_micro_batches(policy, peaked_model_dir, tmp_path):
+    import dataclasses
+
+    seqs = _on_policy(policy, _alike_groups())
+    at = seqs[3].sampled_mask.index(True)
+    old = list(seqs[3].old_logprobs)
+    old[at] -= 2.5  # one token of one sequence: the sampler saw it 2.5 nats less likely
+    seqs[3] = dataclasses.replace(seqs[3], old_logprobs=old)
+    config = _config(peaked_model_dir, tmp_path, optim__share_prefix=False, optim__packing=False, optim__micro_batch_tokens=16)
+    _, stats = _update(policy, seqs, config)
+    assert stats["micro_batches"] == 5
+    assert stats["mismatch_abs_max"] == pytest.approx(2.5, abs=1e-4)
+
+
+def test_optimize_starts_from_zeroed_gradients(policy, peaked_model_dir, tmp_path):
+    seqs = _on_policy(policy, _alike_groups())
+    config = _config(peaked_model_dir, tmp_path, optim__grad_clip=1e9)
+    clean, _ = _update(policy, seqs, config)
+    stale, _ = _update(policy, seqs, config, stale_grad=100.0)
+    assert _relative_error(stale, clean) < 1e-6
+    assert max(float(u.abs().max()) for u in clean.values()) < 10  # the stale 100s are in neither
+
+
+def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peaked_model_dir, tmp_path):
+    """Dr. GRPO: sum of token losses / (groups_per_step x group_size x max_tokens), a dropped group included."""
+    from grooves.trainer import optimize, to_sequences
+    from grooves.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+
+    prompt = [1, 30, 31, 32, 2]
+
+    def traj(tokens, reward):
+        return Trajectory(turns=[SampledTurn(prompt_token_ids=prompt, token_ids=tokens, logprobs=[0.0] * len(tokens))], reward=reward)
+
+    groups = [
+        TrajectoryGroup(trajectories=[traj([40, 41, 42], 1.0), traj([50, 51], 0.0)]),
+        TrajectoryGroup(trajectories=[traj([60], 1.0), traj([61, 62], 1.0)]),  # zero variance: dropped
+    ]
+    config = _config(
+        peaked_model_dir, tmp_path, rollout__groups_per_step=2, rollout__group_size=2, rollout__max_tokens=4,
+        algorithm__advantage="dr_grpo", algorithm__aggregation="constant",
+    )  # fmt: skip
+    seqs, seq_stats = to_sequences(groups, config)
+    assert seq_stats["groups_zero_variance_fraction"] == 0.5 and [s.advantage for s in seqs] == [0.5, -0.5]
+    import torch
+
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    before = _trainable(policy)
+    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), _on_policy(policy, seqs), config)
+    _restore(policy, before)
+    # on-policy PPO: each token's loss is -A; (3 x -0.5 + 2 x 0.5) / (2 groups x 2 rollouts x 4 tokens)
+    assert stats["loss"] == pytest.approx(-0.5 / 16, abs=1e-6)
+
+
+def test_turns_are_trained_at_the_temperature_they_were_sampled_at(policy, peaked_model_dir, tmp_path):
+    """Turns sampled at 0.5 and greedily, trained by a run whose rollout.temperature is 1: ratio 1."""
+    import asyncio
+    import dataclasses
+
+    import torch
+
+    from grooves.policy.handle import ModelHandle
+    from grooves.server import inprocess_client
+    from grooves.trainer import optimize, to_sequences
+    from grooves.trajectory import Trajectory, TrajectoryGroup
+
+    async def rollouts():
+        client = inprocess_client(policy)
+        out = []
+        for k in range(2):
+            handle = ModelHandle(client, policy.served_name, 0.5, 1.0, 6, seed=10 + k)
+            traj = Trajectory(messages=[{"role": "user", "content": "hello world"}], reward=float(k))
+            traj.add_choice(await handle.complete(traj.messages))
+            traj.messages.append({"role": "user", "content": "yes no"})
+            traj.add_choice(await dataclasses.replace(handle, temperature=0.0).complete(traj.messages))
+            out.append(traj)
+        await client.close()
+        return out
+
+    group = TrajectoryGroup(trajectories=asyncio.run(rollouts()))
+    assert [t.temperature for t in group.trajectories[0].turns] == [0.5, 0.0]
+    config = _config(peaked_model_dir, tmp_path, rollout__temperature=1.0)
+    seqs, _ = to_sequences([group], config)
+    assert {t for s in seqs for t, m in zip(s.temperatures, s.sampled_mask, strict=True) if m} == {0.5, 1.0}
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    before = _trainable(policy)
+    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), seqs, config)
+    _restore(policy, before)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["mismatch_abs_max"] < 1e-3 and stats["clip_fraction"] == 0.0
+
+
+def _overflow_at(step: int):
+    """A group scorer that gives step `step` rewards near the float32 limit: the loss overflows."""
+    calls = [0]
+
+    async def score(groups):
+        calls[0] += 1
+        if calls[0] == step:
+            for g in groups:
+                for k, t in enumerate(g.ok):
+                    t.reward = 3e38 if k % 2 else -3e38
+        return {}
+
+    return score
+
+
+def _adapter_bytes(run_dir: Path, step: int) -> bytes:
+    return (run_dir / "checkpoints" / f"step_{step:06d}" / "adapter" / "adapter_model.safetensors").read_bytes()
+
+
+def test_a_nonfinite_step_is_skipped_by_default(peaked_model_dir, tmp_path, capsys):
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "algorithm__advantage": "dr_grpo"}
+    run_dir = train(_config(peaked_model_dir, tmp_path / "run", **over), score=_overflow_at(2))
+    rows = {r["step"]: r for r in _rows(run_dir) if "loss" in r}
+    assert sorted(rows) == [1, 2, 3]
+    assert [rows[s]["nonfinite_skipped"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
+    assert rows[2]["loss"] is None and rows[2]["grad_norm"] is None  # metrics.jsonl writes inf and NaN as null
+    assert all(math.isfinite(rows[s]["loss"]) for s in (1, 3))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not finite" in line]
+    assert len(lines) == 1 and lines[0].startswith("step 2: loss") and 'skipped (optim.on_nonfinite = "skip")' in lines[0]
+    # step 2 changed nothing: its checkpoint holds step 1's adapter; step 3 trained again
+    assert _adapter_bytes(run_dir, 2) == _adapter_bytes(run_dir, 1) != _adapter_bytes(run_dir, 3)
+
+
+def test_a_nonfinite_step_stops_the_run_when_asked(peaked_model_dir, tmp_path):
+    from grooves.trainer import NonFiniteStep
+
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "algorithm__advantage": "dr_grpo"}
+    run_dir = tmp_path / "run"
+    config = _config(peaked_model_dir, run_dir, optim__on_nonfinite="stop", **over)
+    with pytest.raises(NonFiniteStep, match=r'^step 2: loss .* not finite; its update was not applied and the run stops \(optim.on_nonfinite = "stop"\)'):
+        train(config, score=_overflow_at(2))
+    assert [r["step"] for r in _rows(run_dir) if "loss" in r] == [1]  # step 2 is neither logged
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]  # nor checkpointed

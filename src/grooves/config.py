@@ -74,11 +74,13 @@ class RolloutConfig(_Section):
     concurrency: int = Field(64, ge=1)
     """Rollouts in flight at once (requests are batched together by the sampler)."""
     temperature: float = Field(1.0, ge=0, le=2)
-    """Sampling temperature. Below ~0.7 groups lose diversity and more of them have zero variance."""
+    """Sampling temperature. Below ~0.7 groups lose diversity and more of them have zero variance.
+    The trainer recomputes each turn's logprobs at the temperature that turn was sampled at (a task
+    may ask for another), and a greedy turn (0) at 1, the temperature of the logprobs it reports."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling. Below 1 the sampler and trainer distributions differ (off-policy bias)."""
     max_tokens: int = Field(64, ge=1)
-    """Per-turn completion budget; also the constant normalizer of Dr. GRPO aggregation."""
+    """Per-turn completion budget; also L in the constant of `aggregation = "constant"` (Dr. GRPO)."""
     max_failure_fraction: float = Field(0.5, ge=0, le=1)
     """Stop the run if more than this fraction of a step's rollouts raise."""
     runner: Literal["local", "ray"] = "local"
@@ -125,12 +127,24 @@ class AlgorithmConfig(_Section):
     """Clip range [1 - eps_low, 1 + eps_high]. DAPO's clip-higher (0.28 > 0.2) keeps exploration.
     For gspo use ~3e-4 / 4e-4."""
     aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
-    """token_mean (DAPO): every token weighs the same. sequence_mean (GRPO): per-sequence means,
-    biased toward long wrong answers (see Dr. GRPO). constant (Dr. GRPO): sum / (N x max_tokens)."""
+    """token_mean (DAPO): every token weighs the same, divided by the tokens trained this step.
+    sequence_mean (GRPO): per-sequence means, biased toward long wrong answers (see Dr. GRPO).
+    constant (Dr. GRPO): sum / (groups_per_step x group_size x rollout.max_tokens), one number for
+    the whole run: rollouts of dropped zero-variance groups (and failed ones) count, as in the
+    paper. max_tokens is a per-turn budget: a multi-turn rollout may hold more sampled tokens than
+    it, and each of them weighs the same 1 / constant as a one-turn rollout's."""
     kl_beta: float = Field(0.0, ge=0)
-    """Weight of the KL penalty to the base model (adapter disabled). 0 skips the extra forward."""
-    kl_kind: Literal["k1", "k3"] = "k3"
-    """k3 = exp(d) - d - 1 is non-negative and low-variance (Schulman's estimator note)."""
+    """Weight of the per-token KL penalty to the base model (adapter disabled), added to the loss
+    and aggregated like it. 0, the default, is no penalty (as in DAPO) and skips the reference
+    forward; `kl_kind` says which divergence a positive weight penalizes."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """Which per-token estimator, d = lp_ref - lp, is differentiated as the penalty. The choice sets
+    which KL the gradient pulls down (Tang & Munos 2025, arXiv 2506.09477; all on-policy, per token):
+    k3 = exp(d) - d - 1 (GRPO's, the default): expected gradient that of KL(ref || pi), the
+    mass-covering direction, not KL(pi || ref); still a divergence to the base, zero only at it.
+    k2 = d^2 / 2: expected gradient exactly that of KL(pi || ref), the penalty as usually written.
+    k1 = -d: zero expected gradient, the penalty does nothing but add noise; for comparison only.
+    `kl_mean` in the metrics is the k3 estimate of KL(pi || ref) whichever is chosen."""
 
 
 class OptimConfig(_Section):
@@ -144,9 +158,18 @@ class OptimConfig(_Section):
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
     share_prefix: bool = True
     """Run a group's shared prompt once per micro-batch and its completions on top of its KV cache
-    (same gradient as separate forwards, a fraction of the tokens). Falls back to `packing`."""
+    (same gradient as separate forwards, a fraction of the tokens). The shared part ends before
+    the first sampled token of any member, even when completions begin alike. Falls back to `packing`."""
     packing: bool = True
     """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    """A step whose loss or grad norm is inf or NaN is never applied: the adapter and the optimizer
+    state stay as they were. skip: one line says so, the step is logged with `nonfinite_skipped = 1`
+    and the run goes on with new rollouts. stop: the run ends (`NonFiniteStep`, a one-line message)
+    before the step is logged or checkpointed. skip is the default because the weights stay finite
+    either way, and a stopped run resumed would sample the same step again (rollouts are seeded by
+    step) and fail the same way; stop suits a run watched closely, where such a step should be
+    looked at before going on."""
 
 
 class ValidationConfig(_Section):

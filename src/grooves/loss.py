@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple, Protocol
 import torch
 
 AggregationMode = Literal["token_mean", "sequence_mean", "constant"]
-KLKind = Literal["k1", "k3"]
+KLKind = Literal["k1", "k2", "k3"]
 
 
 class PolicyLossOutput(NamedTuple):
@@ -130,19 +130,43 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo_clip, "cispo": cispo, "gspo":
 """Per-token policy losses by config name (DAPO is "ppo" with eps_low=0.2, eps_high=0.28)."""
 
 
-def kl_penalty(lp: torch.Tensor, lp_ref: torch.Tensor, kind: KLKind) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from tokens sampled by pi (Schulman 2020, "Approximating KL").
+def kl_penalty(lp: torch.Tensor, lp_ref: torch.Tensor, kind: KLKind, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token KL penalty from tokens sampled by pi, with d = lp_ref - lp = log(pi_ref / pi) at the token.
 
-    With d = lp_ref - lp: k1 = -d (unbiased, can be negative, high variance);
-    k3 = exp(d) - d - 1 (unbiased, always >= 0, low variance; GRPO's choice). `[B, T] -> [B, T]`;
-    the caller masks. lp_ref comes from the same model with the adapter disabled.
+    Values, as estimates of KL(pi || pi_ref) (Schulman 2020, "Approximating KL divergence"):
+    k1 = -d (unbiased, can be negative, high variance); k2 = d^2 / 2 (biased, exact to second order
+    in d, always >= 0); k3 = exp(d) - d - 1 (unbiased, always >= 0, low variance).
+
+    Differentiated as a loss (through lp, the sampled tokens held fixed), their expected gradients
+    on-policy are not all the gradient of what they estimate (Tang & Munos 2025, "On a few pitfalls
+    in KL divergence gradient estimation for RL", arXiv 2506.09477):
+    - k1: grad = grad lp, and E_pi[grad log pi] = 0: no expected gradient at all, only noise.
+    - k2: grad = (lp - lp_ref) grad lp, whose expectation is grad KL(pi || pi_ref), the penalty
+      the KL term is meant to be (also Liu et al. 2025, arXiv 2510.01555: "k2 as loss" equals
+      "k1 in reward" on-policy).
+    - k3 (GRPO's, Shao et al. 2024): grad = (1 - pi_ref / pi) grad lp, whose expectation is
+      -E_{pi_ref}[grad log pi] = grad KL(pi_ref || pi): the other direction, which pulls pi to
+      cover pi_ref's tokens rather than to stay where pi_ref is likely.
+    Each is per token: its gradient is that of the next-token KL at each sampled context, with the
+    contexts held fixed. The sequence KL also moves through the later contexts a token leads to,
+    which no per-token loss sees (Tang & Munos, the sequential pitfall). Off-policy samples (a
+    batch reused for several optimizer steps) would need importance weights, which are not applied.
+
+    `[B, T] -> [B, T]`. With `mask`, d is set to 0 off the mask before anything is exponentiated,
+    so prompt, tool text and padding give 0 whatever lp and lp_ref hold there (exp(d) of a large
+    off-mask d would overflow to inf, and 0 * inf in the backward turns every gradient into NaN).
+    lp_ref comes from the same model with the adapter disabled.
     """
     d = lp_ref - lp  # [B, T]
+    if mask is not None:
+        d = torch.where(mask, d, torch.zeros_like(d))  # [B, T]
     if kind == "k1":
         return -d
+    if kind == "k2":
+        return 0.5 * d * d
     if kind == "k3":
         return torch.exp(d) - d - 1.0
-    raise ValueError(f"unknown KL estimator {kind!r}; allowed: k1, k3")
+    raise ValueError(f"unknown KL estimator {kind!r}; allowed: k1, k2, k3")
 
 
 def aggregate(
@@ -154,17 +178,26 @@ def aggregate(
     *,
     num_sequences: int | None = None,
     num_tokens: int | None = None,
+    num_rollouts: int | None = None,
 ) -> torch.Tensor:
     """Reduce per-token losses [B, T] to a scalar.
 
     - "token_mean" (DAPO): sum of token losses / number of sampled tokens.
     - "sequence_mean" (original GRPO): mean over sequences of each sequence's token mean;
       biased toward long wrong answers (a long sequence's tokens each weigh less).
-    - "constant" (Dr. GRPO, arXiv 2503.20783): sum / (num_sequences * max_completion_tokens).
+    - "constant" (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): sum / (num_rollouts *
+      max_completion_tokens), the same number at every step, so every token weighs the same
+      whatever its sequence's length and whatever else the step held. The paper divides by all
+      G x L of the batch, groups with zero advantage included: pass the step's whole rollout
+      count as `num_rollouts`, not only the sequences trained on, or a step whose zero-variance
+      groups were dropped would take a larger step. `max_completion_tokens` is the per-turn
+      budget (`rollout.max_tokens`): a multi-turn trajectory may hold more sampled tokens than
+      it, and each weighs the same 1 / (num_rollouts * max_completion_tokens) as a one-turn one's.
 
-    The counts default to this batch's. When one optimizer step is split into several micro
-    batches, pass the whole step's `num_tokens` / `num_sequences` so that the micro-batch
-    losses add up to the whole step's loss (sequences never straddle micro batches).
+    The counts default to this batch's (`num_rollouts` to `num_sequences`). When one optimizer
+    step is split into several micro batches, pass the whole step's `num_tokens` /
+    `num_sequences` / `num_rollouts` so that the micro-batch losses add up to the whole step's
+    loss (sequences never straddle micro batches).
     """
     masked = torch.where(mask, token_loss, torch.zeros_like(token_loss))  # [B, T]
     seq_tokens = _sequence_counts(mask, seq_ids)  # [S]
@@ -180,7 +213,8 @@ def aggregate(
         case "constant":
             if max_completion_tokens < 1:
                 raise ValueError(f"max_completion_tokens must be >= 1, got {max_completion_tokens}")
-            return masked.sum() / (max(num_sequences, 1) * max_completion_tokens)
+            rollouts = num_sequences if num_rollouts is None else num_rollouts
+            return masked.sum() / (max(rollouts, 1) * max_completion_tokens)
     raise ValueError(f"unknown loss aggregation {mode!r}; allowed: token_mean, sequence_mean, constant")
 
 
@@ -201,12 +235,14 @@ def compute_loss(
     kl_kind: KLKind = "k3",
     num_sequences: int | None = None,
     num_tokens: int | None = None,
+    num_rollouts: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The training loss: aggregate(policy_loss_t + beta * KL_t), and its per-batch statistics.
 
     Stats (means over this batch's sampled tokens):
     `clip_fraction` (share of tokens with a clipped ratio), `ratio_mean` (mean rho_t),
-    `kl_mean` (mean `kl_kind` estimate of KL(pi || pi_ref), present when `lp_ref` is given),
+    `kl_mean` (mean k3 estimate of KL(pi || pi_ref), unbiased and >= 0, whichever `kl_kind` the
+    loss uses; present when `lp_ref` is given),
     `mismatch_k1_mean` / `mismatch_k3_mean` (k1 / k3 estimates of KL(sampler || trainer) from
     lp_old vs lp; near zero when sampler and trainer agree), `mismatch_abs_max`
     (max |lp - lp_old|), `policy_loss` and `kl_loss` (the aggregated parts), `num_tokens`.
@@ -218,21 +254,16 @@ def compute_loss(
     if beta != 0.0 and lp_ref is None:
         raise ValueError(f"beta={beta} needs reference logprobs lp_ref (adapter disabled); pass them or set beta=0")
     out = POLICY_LOSSES[policy_loss](lp, lp_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
-    policy_part = aggregate(
-        out.loss, mask, seq_ids, aggregation, max_completion_tokens,
-        num_sequences=num_sequences, num_tokens=num_tokens,
-    )
+    counts = {"num_sequences": num_sequences, "num_tokens": num_tokens, "num_rollouts": num_rollouts}
+    policy_part = aggregate(out.loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
     total = policy_part
     stats = _ratio_stats(lp.detach(), lp_old, mask, out.clipped)
     stats["policy_loss"] = float(policy_part.detach())
     if lp_ref is not None:
-        kl = kl_penalty(lp, lp_ref, kl_kind)  # [B, T]
-        stats["kl_mean"] = _masked_mean(kl.detach(), mask)
+        stats["kl_mean"] = _masked_mean(kl_penalty(lp.detach(), lp_ref, "k3", mask), mask)
         if beta != 0.0:
-            kl_part = aggregate(
-                kl, mask, seq_ids, aggregation, max_completion_tokens,
-                num_sequences=num_sequences, num_tokens=num_tokens,
-            )
+            kl = kl_penalty(lp, lp_ref, kl_kind, mask)  # [B, T]
+            kl_part = aggregate(kl, mask, seq_ids, aggregation, max_completion_tokens, **counts)
             total = total + beta * kl_part
             stats["kl_loss"] = float(kl_part.detach())
     return total, stats

@@ -20,6 +20,7 @@ attend to each other on the sdpa / eager attention paths). Both carry per-token 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,10 @@ class TrainSequence:
     group_id: int
     prompt_len: int
     """Length of the first turn's prompt: the part shared by the whole group."""
+    temperatures: list[float] | None = None
+    """Temperature of the distribution each token was sampled from (1.0 on tokens not sampled), so the
+    trainer recomputes the same distribution; None: 1.0 everywhere. A turn's temperature is the one
+    it was sampled at, not the run's: tasks may sample some turns at another temperature."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -49,6 +54,14 @@ class TrainSequence:
                 f"TrainSequence fields disagree: {n} input_ids, {len(self.sampled_mask)} mask entries, "
                 f"{len(self.old_logprobs)} old_logprobs"
             )
+        if self.temperatures is not None:
+            if len(self.temperatures) != n:
+                raise ValueError(f"TrainSequence fields disagree: {n} input_ids, {len(self.temperatures)} temperatures")
+            if not all(0 < t < math.inf for t in self.temperatures):  # also refuses NaN
+                raise ValueError(
+                    "TrainSequence temperatures must be finite and > 0: a greedy turn (temperature 0) reports "
+                    "its temperature-1 logprobs, so record 1.0 for its tokens"
+                )
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -87,12 +100,18 @@ def prefix_breaks(traj: Trajectory) -> int:
     return max(len(_segments(traj.turns)) - 1, 0)
 
 
+def logprob_temperature(turn: SampledTurn) -> float:
+    """The temperature of the distribution a turn's logprobs were taken from: the turn's own, except
+    a greedy turn (temperature 0), whose sampler reports temperature-1 logprobs (`policy/sampling.py`)."""
+    return turn.temperature if turn.temperature > 0 else 1.0
+
+
 def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int = 0) -> list[TrainSequence]:
     """The training sequences of one trajectory: one if its template is append-only, else one per break.
 
     Within a sequence, each turn's new prompt tokens (tool output, user text, the template's
     role markers) are context (mask False) and its sampled tokens are trained (mask True, with
-    their sampling logprobs).
+    their sampling logprobs and the temperature their turn was sampled at).
     """
     if traj.error is not None:
         raise ValueError(f"trajectory failed ({traj.error}); failed rollouts are not trained on, use group.ok")
@@ -102,14 +121,18 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
         ids: list[int] = []
         mask: list[bool] = []
         old: list[float] = []
+        temps: list[float] = []
         for i in segment:
             turn = traj.turns[i]
             new_context = turn.prompt_token_ids[len(ids) :]
             ids += list(new_context) + list(turn.token_ids)
             mask += [False] * len(new_context) + [True] * len(turn.token_ids)
             old += [0.0] * len(new_context) + [float(x) for x in turn.logprobs]
+            temps += [1.0] * len(new_context) + [logprob_temperature(turn)] * len(turn.token_ids)
         out.append(
-            TrainSequence(ids, mask, old, float(advantage), group_id, prompt_len=len(first.prompt_token_ids))
+            TrainSequence(
+                ids, mask, old, float(advantage), group_id, prompt_len=len(first.prompt_token_ids), temperatures=temps
+            )
         )
     return out
 
@@ -128,6 +151,8 @@ class TrainBatch:
     """[B, T] bool: token t was sampled by the policy and is trained."""
     old_logprobs: torch.Tensor
     """[B, T] float32 sampling logprobs, 0 where not sampled."""
+    temperatures: torch.Tensor
+    """[B, T] float32: token t's logprob is read from log_softmax(logits[t - 1] / temperatures[t]); 1 where not sampled."""
     advantages: torch.Tensor
     """[B, T] float32 advantage of the sequence each token belongs to, 0 on padding."""
     seq_ids: torch.Tensor
@@ -193,6 +218,7 @@ def _assemble(
     position_ids = torch.zeros(shape, dtype=torch.long)  # [B, T]
     sampled = torch.zeros(shape, dtype=torch.bool)  # [B, T]
     old = torch.zeros(shape, dtype=torch.float32)  # [B, T]
+    temps = torch.ones(shape, dtype=torch.float32)  # [B, T]
     adv = torch.zeros(shape, dtype=torch.float32)  # [B, T]
     seq_ids = torch.full(shape, -1, dtype=torch.long)  # [B, T]
     index: list[int] = []
@@ -205,6 +231,8 @@ def _assemble(
             position_ids[b, span] = torch.arange(n)
             sampled[b, span] = torch.tensor(s.sampled_mask, dtype=torch.bool)
             old[b, span] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+            if s.temperatures is not None:
+                temps[b, span] = torch.tensor(s.temperatures, dtype=torch.float32)
             adv[b, span] = s.advantage
             seq_ids[b, span] = len(index)
             index.append(i)
@@ -212,7 +240,9 @@ def _assemble(
         if not packed:
             position_ids[b, start:] = torch.arange(start, width)
     attention_mask = block_causal_mask(seq_ids) if packed else (seq_ids >= 0).long()
-    return TrainBatch(input_ids, attention_mask, position_ids, sampled, old, adv, seq_ids, len(index), tuple(index))
+    return TrainBatch(
+        input_ids, attention_mask, position_ids, sampled, old, temps, adv, seq_ids, len(index), tuple(index)
+    )
 
 
 def block_causal_mask(seq_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

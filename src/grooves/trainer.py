@@ -18,6 +18,7 @@ Metric keys written per step (metrics.jsonl):
   step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
   groups_zero_variance_fraction, advantage_abs_mean, loss, policy_loss, kl_mean, clip_fraction,
   ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
+  nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
   and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add
@@ -27,6 +28,7 @@ Metric keys written per step (metrics.jsonl):
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
@@ -164,8 +166,15 @@ MIN_SHARED_PREFIX = 8
 
 
 def _common_prefix(seqs: Sequence[TrainSequence]) -> int:
+    """How many leading ids every member shares, stopping before any member's first sampled token.
+
+    The shared prefix is context only: its own tokens get no logprob, so no loss. Completions
+    of a group often begin with the same sampled tokens ("The capital of ...", the same first tool
+    call); those are trained like any other sampled token, so they stay in each row's suffix.
+    """
     first = seqs[0].input_ids
     n = min(len(s) for s in seqs) - 1  # at least one token of each row stays in the suffix
+    n = min([n] + [s.sampled_mask.index(True) for s in seqs if True in s.sampled_mask])
     for s in seqs[1:]:
         ids = s.input_ids
         i = 0
@@ -207,51 +216,90 @@ def micro_batches(seqs: list[TrainSequence], opt, pad: int) -> list[tuple[TrainB
     return out
 
 
-def _logprobs(model, batch: TrainBatch, prefix_len: int, temperature: float):
+def _logprobs(model, batch: TrainBatch, prefix_len: int):
+    """Each token's logprob at the temperature it was sampled at (`batch.temperatures`), not the run's."""
     if prefix_len:
-        return shared_prefix_logprobs(model, batch, prefix_len, temperature)
-    return token_logprobs(model, batch, temperature)
+        return shared_prefix_logprobs(model, batch, prefix_len)
+    return token_logprobs(model, batch)
+
+
+class NonFiniteStep(RuntimeError):
+    """A step's loss or gradient norm was not finite and `optim.on_nonfinite` is "stop"."""
+
+
+_SUMMED_STATS = ("loss", "policy_loss", "kl_loss", "num_tokens")
+"""Micro-batch statistics already normalized by the whole step: they add up."""
+_MAX_STATS = ("mismatch_abs_max",)
+"""Micro-batch statistics that are maxima: the step's is the largest. The rest are token means,
+weighted by each micro-batch's share of the step's sampled tokens."""
 
 
 def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
-    """One optimizer step over all sequences, accumulated over memory-sized micro-batches."""
+    """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
+
+    The update is this step's gradient alone: gradients are zeroed first, whatever an earlier
+    caller left in `.grad`. A step whose loss or gradient norm is inf or NaN is not applied (the
+    adapter and the optimizer state stay as they were): with `optim.on_nonfinite = "skip"` one line
+    says so and the stats carry `nonfinite_skipped = 1`; with "stop" `NonFiniteStep` is raised.
+    """
     model, alg, opt = policy.model, config.algorithm, config.optim
     batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
     num_tokens = sum(s.num_sampled for s in seqs)
-    temperature = config.rollout.temperature
+    # Dr. GRPO's constant counts every rollout the step asked for, dropped groups included
+    num_rollouts = config.rollout.groups_per_step * config.rollout.group_size
+    params = [p for p in model.parameters() if p.requires_grad]
     totals: dict[str, float] = {}
     with policy.lock, policy.training_phase(), addmm_lora(model):
         model.train()
+        model.zero_grad(set_to_none=True)
         for batch, prefix_len in batches:
-            lp, entropy = _logprobs(model, batch, prefix_len, temperature)  # [B, T]
+            lp, entropy = _logprobs(model, batch, prefix_len)  # [B, T]
             lp_ref = None
             if alg.kl_beta > 0:
                 with torch.no_grad(), model.disable_adapter():
-                    lp_ref, _ = _logprobs(model, batch, prefix_len, temperature)
+                    lp_ref, _ = _logprobs(model, batch, prefix_len)
             loss, stats = compute_loss(
                 lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
                 policy_loss=alg.loss, eps_low=alg.eps_low, eps_high=alg.eps_high,
                 aggregation=alg.aggregation, max_completion_tokens=config.rollout.max_tokens,
                 lp_ref=lp_ref, beta=alg.kl_beta, kl_kind=alg.kl_kind,
-                num_sequences=len(seqs), num_tokens=num_tokens,
+                num_sequences=len(seqs), num_tokens=num_tokens, num_rollouts=num_rollouts,
             )  # fmt: skip
             loss.backward()
             share = float(batch.sampled_mask.sum()) / max(num_tokens, 1)
             stats["token_entropy_mean"] = float(entropy[batch.sampled_mask].mean()) if batch.sampled_mask.any() else 0.0
             stats["loss"] = float(loss.detach())
             for k, v in stats.items():
-                if k in ("loss", "policy_loss", "kl_loss", "num_tokens"):
-                    totals[k] = totals.get(k, 0.0) + v  # these are already normalized by the whole step
+                if k in _SUMMED_STATS:
+                    totals[k] = totals.get(k, 0.0) + v
+                elif k in _MAX_STATS:
+                    totals[k] = max(totals.get(k, 0.0), v)
                 else:
                     totals[k] = totals.get(k, 0.0) + v * share
-        params = [p for p in model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
-        optimizer.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
+        finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)  # also on a skipped step: no NaN gradient is left behind
         model.eval()
-    totals["grad_norm"] = float(grad_norm)
+    totals["grad_norm"] = grad_norm
     totals["micro_batches"] = float(len(batches))
+    totals["nonfinite_skipped"] = 0.0 if finite else 1.0
+    if not finite:
+        _nonfinite_step(policy.adapter_version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
     return totals
+
+
+def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None:
+    """One line for a step whose update was not applied; raises for `on_nonfinite = "stop"`."""
+    what = f"step {step}: loss {loss} and grad norm {grad_norm}, not finite; its update was not applied"
+    if mode == "stop":
+        raise NonFiniteStep(
+            f"{what} and the run stops (optim.on_nonfinite = \"stop\"); checkpoints hold only applied steps: "
+            "--resume continues from the last one (--set optim.on_nonfinite=skip skips a step that fails again)"
+        )
+    print(f"{what}; skipped (optim.on_nonfinite = \"skip\")", flush=True)
 
 
 def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

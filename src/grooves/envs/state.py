@@ -10,8 +10,9 @@ part of a statement (`like_pattern` escapes LIKE wildcards so `%` in a search is
 
 Snapshot bytes may come from outside (the environment server restores what a client uploads),
 and a SQLite file carries code: views, triggers and indexes run on every query that touches them
-(a recursive view made one tool call take 14 s). `check_snapshot` therefore opens the bytes on a
-scratch connection first and accepts only an intact database whose schema is exactly the seed's.
+(a recursive view can hold a tool call, and the server thread running it, for as long as it
+likes). `check_snapshot` therefore opens the bytes on a scratch connection first and accepts
+only an intact database whose schema is exactly the seed's.
 """
 
 from __future__ import annotations

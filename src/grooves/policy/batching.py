@@ -20,8 +20,8 @@ so that per-row list would have to follow every drop; per-adapter parts are exac
 One request never fails another. If a batch raises, each of its requests is sampled again on its
 own, so the error reaches only the request that causes it. A request whose caller stops waiting
 (its task is cancelled: the HTTP client went away) is marked, and the sampler drops its rows at
-the next decode step, or skips it if it is still queued; a 64 x 4000-token request whose client
-had left used to keep the sampler busy for tens of seconds while others waited behind it.
+the next decode step, or skips it if it is still queued. Otherwise a long request whose client
+had left would keep the sampler busy to its last token while other requests waited behind it.
 """
 
 from __future__ import annotations

@@ -9,17 +9,20 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.envs import get_env, run_episode
-from grooves.envs.base import Environment, Episode, Grade
+from grooves.envs.base import SPLITS, Environment, Episode, Grade, public_scenario
+from grooves.envs.registry import BUILTINS
 from grooves.envs.remote import RemoteEnvError, RemoteEnvironment
 from grooves.envs.server import create_app
 from grooves.envs.task import SqliteEnvironment, TaskSpec, assign_splits
 from grooves.envs.tools import Tool, obj
 from grooves.scale.policy_server import ThreadedServer
 from test_envs_rollout import ScriptedClient, refund_scenario, support_agent
+from test_envs_state import RECURSIVE_VIEW, tampered
 
 
 @contextmanager
@@ -204,7 +207,7 @@ def test_a_remote_environment_runs_episodes_like_a_local_one():
         remote = RemoteEnvironment(url)
         assert isinstance(remote, Environment) and isinstance(local, Environment)
         assert remote.name == "support_desk" and remote.limits == local.limits
-        assert remote.scenarios("validation") == local.scenarios("validation")
+        assert remote.scenarios("validation") == [public_scenario(s) for s in local.scenarios("validation")]
         far = asyncio.run(run_episode(ScriptedClient(support_agent(scenario)), remote, scenario, model="m", max_turns=6))
         near = asyncio.run(run_episode(ScriptedClient(support_agent(scenario)), local, scenario, model="m", max_turns=6))
         assert far.messages == near.messages
@@ -227,3 +230,78 @@ def test_cli_lists_and_validates():
     shown = runner.invoke(cli_app, ["env", "scenarios", "support_desk", "--limit", "2"])
     lines = [json.loads(line) for line in shown.output.strip().splitlines()]
     assert len(lines) == 2 and all(s["split"] == "validation" for s in lines)
+
+
+def _leaves(value) -> list[str]:
+    """The strings and numbers inside a (nested) answer, as text."""
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [str(value)] if isinstance(value, str | int | float) and not isinstance(value, bool) else []
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_listed_scenarios_carry_no_answers(name):
+    env = get_env(name)
+    client = TestClient(create_app(env))
+    hidden = 0
+    for split in SPLITS:
+        listed = client.get("/scenarios", params={"split": split}).json()
+        full = env.scenarios(split)
+        assert [s["id"] for s in listed] == [s["id"] for s in full]
+        for served, scenario in zip(listed, full, strict=True):
+            assert "expected" not in served and served["prompt"] == scenario["prompt"]
+            text = json.dumps(served)
+            # answers of four characters or more (shorter ones turn up by chance, "1" in an email)
+            secret = [x for x in _leaves(scenario["expected"]) if len(x) >= 4 and x not in scenario["prompt"]]
+            assert not [leaf for leaf in secret if leaf in text]  # no answer the prompt does not already say
+            hidden += len(secret)
+    assert hidden > 0
+
+
+def test_restore_over_http_checks_schema_size_and_streamed_body():
+    env = get_env("issue_tracker")
+    with http_server(create_app(env, max_snapshot_bytes=200_000, max_body_bytes=300_000)) as url:
+        remote = RemoteEnvironment(url)
+        episode = remote.reset(remote.scenarios("train")[0])
+        snap = episode.snapshot()
+        assert len(snap) < 200_000
+        with pytest.raises(RemoteEnvError, match="400.*'view spin'"):
+            episode.restore(tampered(snap, RECURSIVE_VIEW))
+        big = tampered(snap, "INSERT INTO comments (issue_key, body) VALUES ('WEB-1', hex(randomblob(70000)))")
+        assert 200_000 < len(big) < 300_000  # under the body limit, over the snapshot limit
+        with pytest.raises(RemoteEnvError, match="413.*at most 200000"):
+            episode.restore(big)
+        with httpx.Client(base_url=url) as http:  # a chunked upload has no content-length to check up front
+            chunked = http.put(f"/sessions/{episode.session_id}/snapshot", content=iter([b"x" * 100_000] * 4))
+        assert chunked.request.headers.get("transfer-encoding") == "chunked"
+        assert chunked.status_code == 413 and chunked.json()["error"] == "body_too_large"
+        assert episode.snapshot() == snap
+        assert json.loads(episode.step(tool_call("get_issue", {"key": "WEB-1"}))["content"])["key"] == "WEB-1"
+        episode.close()
+        remote.close()
+
+
+def test_a_malformed_tool_call_over_http_is_a_tool_error(tracker_url):
+    with httpx.Client(base_url=tracker_url) as http:
+        scenario = http.get("/scenarios").json()[0]
+        sid = http.post("/sessions", json={"scenario": scenario}).json()["session_id"]
+        for bad in ({"function": 5}, {"id": "c", "function": {"name": "get_issue", "arguments": '{"key": ' + "9" * 5000 + "}"}}):
+            resp = http.post(f"/sessions/{sid}/step", json={"tool_call": bad})
+            assert resp.status_code == 200
+            assert json.loads(resp.json()["message"]["content"])["error"] in ("invalid_tool_call", "invalid_json")
+        http.delete(f"/sessions/{sid}")
+
+
+def test_a_500_leaves_the_keep_alive_connection_open():
+    with http_server(create_app(_fragile_env())) as url, httpx.Client(base_url=url) as http:
+        scenario = http.get("/scenarios").json()[0]
+        sid = http.post("/sessions", json={"scenario": scenario}).json()["session_id"]
+        crashed = http.post(f"/sessions/{sid}/grade", json={"messages": [{"role": "assistant", "content": "crash"}]})
+        first = crashed.extensions["network_stream"].get_extra_info("client_addr")
+        after = http.post(f"/sessions/{sid}/step", json={"tool_call": tool_call("hit", {})})
+        second = after.extensions["network_stream"].get_extra_info("client_addr")
+    assert crashed.status_code == 500 and crashed.json() == {"error": "internal", "detail": "RuntimeError: grader bug"}
+    assert after.status_code == 200 and json.loads(after.json()["message"]["content"]) == {"n": 1}
+    assert first == second  # one connection carried both

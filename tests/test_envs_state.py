@@ -128,3 +128,61 @@ def test_on_disk_episodes_snapshot_restore_and_clean_up():
     assert episode.snapshot() == snap
     episode.close()
     assert not path.exists()
+
+
+def tampered(snapshot: bytes, *statements: str) -> bytes:
+    """A snapshot changed by SQL run on a copy of it (what a hostile client could upload)."""
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(snapshot)
+    for sql in statements:
+        conn.execute(sql)
+    conn.commit()
+    data = conn.serialize()
+    conn.close()
+    return data
+
+
+RECURSIVE_VIEW = (
+    "CREATE VIEW spin AS WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 1000000000) "
+    "SELECT count(*) AS n FROM c"
+)
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        (RECURSIVE_VIEW, "view spin"),
+        ("CREATE TRIGGER slow AFTER INSERT ON comments BEGIN SELECT count(*) FROM issues a, issues b, issues c; END",
+         "trigger slow"),
+        ("CREATE INDEX by_title ON issues(title)", "index by_title"),
+        ("CREATE TABLE extra (x)", "table extra"),
+        ("ALTER TABLE issues ADD COLUMN secret TEXT", "table issues"),
+        ("DROP TABLE comments", "table comments"),
+    ],
+)
+def test_restore_refuses_a_database_whose_schema_is_not_the_seeds(statement, named):
+    env = get_env("issue_tracker")
+    episode = env.reset(env.scenarios("train")[0])
+    snap = episode.snapshot()
+    with pytest.raises(ValueError, match=f"not a snapshot of a issue_tracker episode: its schema .*'{named}'"):
+        episode.restore(tampered(snap, statement))
+    assert episode.snapshot() == snap  # a refused restore leaves the state as it was
+    same_schema = tampered(snap, "UPDATE issues SET title = 'edited' WHERE key = 'WEB-1'")
+    episode.restore(same_schema)  # other rows, same schema: a snapshot like any other
+    assert episode.state.one("SELECT title FROM issues WHERE key = 'WEB-1'")["title"] == "edited"
+    episode.close()
+
+
+def test_restore_refuses_a_damaged_database():
+    env = get_env("issue_tracker")
+    episode = env.reset(env.scenarios("train")[0])
+    snap = episode.snapshot()
+    page = episode.state.one("PRAGMA page_size")["page_size"]
+    root = episode.state.one("SELECT rootpage FROM sqlite_schema WHERE name = 'issues'")["rootpage"]
+    damaged = bytearray(snap)
+    start = (root - 1) * page
+    damaged[start : start + page] = b"\xff" * page  # the issues table's root page
+    with pytest.raises(ValueError, match="not a snapshot of a issue_tracker episode: the database is damaged"):
+        episode.restore(bytes(damaged))
+    assert episode.snapshot() == snap
+    episode.close()

@@ -65,6 +65,56 @@ def test_bad_calls_become_error_messages(tracker, name, arguments, kind):
     assert tracker.metrics()[f"env_error_{kind}"] == 1.0
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("tool_call", "kind"),
+    [
+        (call("get_issue", "[" * 4000 + "]" * 4000), "invalid_json"),  # under the size limit, past the parser's depth
+        (call("get_issue", '{"key": ' + "7" * 5000 + "}"), "invalid_json"),  # past Python's 4300-digit int limit
+        ({"id": "c1", "function": {"name": "get_issue", "arguments": _nested(5000)}}, "invalid_tool_call"),  # parsed, too deep
+        ({"id": "c1", "function": {"name": "get_issue", "arguments": {"key": 10**5000}}}, "invalid_tool_call"),
+        ({"id": "c1", "function": 5}, "invalid_tool_call"),
+        ({"id": "c1", "function": {"name": ["get_issue"], "arguments": "{}"}}, "invalid_tool_call"),
+        ({"id": {"x": 1}, "function": {"name": "get_issue", "arguments": "{}"}}, "invalid_tool_call"),
+    ],
+)
+def test_hostile_tool_calls_are_error_messages_never_exceptions(tracker, tool_call, kind):
+    message = tracker.step(tool_call)
+    assert message["role"] == "tool"
+    assert json.loads(message["content"])["error"] == kind
+    assert tracker.metrics()[f"env_error_{kind}"] == 1.0
+    assert reply(tracker, "get_issue", {"key": "WEB-1"})["key"] == "WEB-1"  # the episode goes on
+
+
+def test_toolbox_run_turns_an_unwritable_result_into_an_error():
+    def huge(ctx, args):
+        return {"n": 10**5000}  # json.dumps refuses it
+
+    def circular(ctx, args):
+        loop: list = []
+        loop.append(loop)
+        return loop
+
+    spec = TaskSpec(
+        name="odd_results", description="tools whose results are not JSON", system_prompt="call",
+        build_seed=lambda conn, s: conn.execute("CREATE TABLE t (x)"),
+        make_scenarios=lambda conn, s: assign_splits("odd_results", [{"prompt": "go", "expected": {}}] * 5),
+        tools=[Tool("huge", "a huge number", obj({}), huge), Tool("circular", "a loop", obj({}), circular)],
+        grade=lambda g: Grade(score=1.0), gold=lambda s, c: "", bad=lambda s: [],
+    )
+    env = SqliteEnvironment(spec)
+    episode = env.reset(env.scenarios("train")[0])
+    assert reply(episode, "huge", {})["error"] == "tool_crashed"
+    assert reply(episode, "circular", {})["error"] == "tool_crashed"
+    assert episode.metrics()["env_error_tool_crashed"] == 2.0
+
+
 def test_huge_arguments_are_refused_before_parsing(tracker):
     limit = tracker.env.limits.max_argument_chars
     huge = json.dumps({"query": "x" * (limit + 10)})

@@ -25,6 +25,18 @@ Scenario = dict[str, Any]
 """One task instance: at least `id`, `env`, `split` and `prompt`; `expected` holds what the
 grader checks against (the agent sees only the messages `reset` builds from `prompt`)."""
 
+GOLD_KEYS: tuple[str, ...] = ("expected",)
+"""Scenario fields that hold the grader's answers: never handed to an agent or a remote client."""
+
+
+def public_scenario(scenario: Scenario) -> Scenario:
+    """The scenario without its answers, as the environment server lists it.
+
+    >>> public_scenario({"id": "t-001", "prompt": "What is 2 + 2?", "expected": {"answer": 4}})
+    {'id': 't-001', 'prompt': 'What is 2 + 2?'}
+    """
+    return {k: v for k, v in scenario.items() if k not in GOLD_KEYS}
+
 
 class Limits(BaseModel):
     """How long an episode may run before it is stopped and graded as it stands."""
@@ -80,11 +92,19 @@ def parse_tool_call(obj: Any) -> ToolCall:
     if not isinstance(obj, dict):
         raise TypeError(f"a tool call must be a dict or an openai ToolCall, got {type(obj).__name__}")
     fn = obj.get("function") or {}
+    if not isinstance(fn, dict):
+        raise TypeError(f"tool_call.function must be an object with a name and arguments, got {type(fn).__name__}")
+    name, call_id = fn.get("name") or "", obj.get("id") or ""
+    if not isinstance(name, str) or not isinstance(call_id, str | int):
+        raise TypeError("tool_call.function.name must be a string, and tool_call.id a string or a number")
     args = fn.get("arguments", "")
     if not isinstance(args, str):
         # Some clients hand over parsed arguments; keep one representation (the JSON text).
-        args = json.dumps(args)
-    return ToolCall(id=str(obj.get("id") or ""), name=str(fn.get("name") or ""), arguments=args)
+        try:
+            args = json.dumps(args)
+        except (TypeError, ValueError, RecursionError) as exc:  # nested past the recursion limit, huge integers
+            raise TypeError(f"tool_call.function.arguments cannot be written as JSON: {type(exc).__name__}") from None
+    return ToolCall(id=str(call_id), name=name, arguments=args)
 
 
 def final_answer(messages: list[dict[str, Any]]) -> str:

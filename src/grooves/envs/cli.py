@@ -52,8 +52,11 @@ def serve(
     seed: int = typer.Option(0, help="data seed"),
     ttl: float = typer.Option(600.0, help="seconds an idle session lives before it is closed"),
     max_sessions: int = typer.Option(512, help="open sessions allowed at once"),
+    max_body_bytes: int = typer.Option(32 * 2**20, min=1, help="largest request body (413 past it)"),
+    max_snapshot_bytes: int = typer.Option(16 * 2**20, min=1, help="largest snapshot a session may restore (413 past it)"),
 ) -> None:
     """Serve an environment over HTTP (sessions: create, reset, step, snapshot, restore, grade, close)."""
     from grooves.envs.server import serve as run
 
-    run(get_env(name, seed=seed), host=host, port=port, ttl_s=ttl, max_sessions=max_sessions)
+    run(get_env(name, seed=seed), host=host, port=port, ttl_s=ttl, max_sessions=max_sessions,
+        max_body_bytes=max_body_bytes, max_snapshot_bytes=max_snapshot_bytes)

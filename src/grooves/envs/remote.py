@@ -58,6 +58,7 @@ class RemoteEnvironment:
         return Limits.model_validate(self._describe()["limits"])
 
     def scenarios(self, split: Split) -> list[Scenario]:
+        """The server's scenarios without their answers (`expected` stays on the server, which grades)."""
         return _check(self._http.get("/scenarios", params={"split": split})).json()
 
     def reset(self, scenario: Scenario) -> RemoteEpisode:

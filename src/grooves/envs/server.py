@@ -9,6 +9,11 @@ touches only the request that hit it: other sessions keep working.
 
 Endpoints are plain `def` functions, which FastAPI runs in its thread pool; a per-session lock
 serialises requests to one episode while different sessions run in parallel.
+
+Limits: a request body is capped at `max_body_bytes` (413), counted as it streams in, so a
+chunked upload cannot pass it; a restored snapshot at `max_snapshot_bytes` (413), and it must be
+an intact database with exactly the seed's schema (400), since a database with views or triggers
+of its own would run them here. `GET /scenarios` lists scenarios without their answers.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from grooves.envs.base import SPLITS, Environment, Episode
+from grooves.asgi import BodyLimit, ServerErrors
+from grooves.envs.base import SPLITS, Environment, Episode, public_scenario
+
+MAX_BODY_BYTES = 32 * 2**20
+"""Default request body cap."""
+MAX_SNAPSHOT_BYTES = 16 * 2**20
+"""Default cap on a restored snapshot; the built-in environments' databases are 86-156 KB."""
 
 
 class SessionError(Exception):
@@ -126,7 +137,8 @@ def create_app(
     *,
     ttl_s: float = 600.0,
     max_sessions: int = 512,
-    max_body_bytes: int = 32 * 2**20,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
     clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """The HTTP service for one environment. `clock` is injectable so expiry can be tested."""
@@ -145,7 +157,7 @@ def create_app(
     app.state.store = store
     _add_error_handling(app, max_body_bytes)
     _add_env_routes(app, env, store)
-    _add_session_routes(app, env, store)
+    _add_session_routes(app, env, store, max_snapshot_bytes)
     return app
 
 
@@ -159,7 +171,8 @@ def _add_env_routes(app: FastAPI, env: Environment, store: SessionStore) -> None
     def scenarios(split: str = "train") -> list[dict[str, Any]]:
         if split not in SPLITS:
             raise SessionError(400, f"split must be one of {SPLITS}, got {split!r}")
-        return env.scenarios(split)  # type: ignore[arg-type]
+        # without the answers: a session is opened by id, and grading reads the server's own copy
+        return [public_scenario(s) for s in env.scenarios(split)]  # type: ignore[arg-type]
 
     @app.post("/validate")
     def validate() -> dict[str, Any]:
@@ -174,7 +187,7 @@ def _open(env: Environment, scenario: dict[str, Any]) -> Episode:
         raise SessionError(400, str(exc.args[0]) if exc.args else type(exc).__name__) from None
 
 
-def _add_session_routes(app: FastAPI, env: Environment, store: SessionStore) -> None:
+def _add_session_routes(app: FastAPI, env: Environment, store: SessionStore, max_snapshot_bytes: int) -> None:
     @app.post("/sessions")
     def create(body: ScenarioBody) -> dict[str, Any]:
         episode = _open(env, body.scenario)
@@ -210,6 +223,8 @@ def _add_session_routes(app: FastAPI, env: Environment, store: SessionStore) -> 
     @app.put("/sessions/{sid}/snapshot")
     async def restore(sid: str, request: Request) -> dict[str, Any]:
         data = await request.body()
+        if len(data) > max_snapshot_bytes:
+            raise SessionError(413, f"the snapshot is {len(data)} bytes; this server restores at most {max_snapshot_bytes}")
         return await asyncio.to_thread(_restore, store, sid, data)
 
     @app.post("/sessions/{sid}/fork")
@@ -242,21 +257,16 @@ def _restore(store: SessionStore, sid: str, data: bytes) -> dict[str, Any]:
 
 
 def _add_error_handling(app: FastAPI, max_body_bytes: int) -> None:
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return JSONResponse({"error": "body_too_large", "detail": f"limit is {max_body_bytes} bytes"}, 413)
-        return await call_next(request)
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body_bytes, too_large=lambda limit: {"error": "body_too_large", "detail": f"limit is {limit} bytes"}
+    )
+    # A bug in one episode's code answers this request only; the session, the others and the
+    # client's keep-alive connection live on.
+    app.add_middleware(ServerErrors, body=lambda exc: {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"})
 
     @app.exception_handler(SessionError)
     async def refused(request: Request, exc: SessionError) -> JSONResponse:
         return JSONResponse({"error": "refused", "detail": str(exc)}, status_code=exc.status)
-
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> JSONResponse:
-        # A bug in one episode's code answers this request only; the session and the others live on.
-        return JSONResponse({"error": "internal", "detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
 
 async def _sweep_forever(store: SessionStore, every_s: float) -> None:
@@ -266,8 +276,9 @@ async def _sweep_forever(store: SessionStore, every_s: float) -> None:
 
 
 def serve(env: Environment, *, host: str = "127.0.0.1", port: int = 8100, ttl_s: float = 600.0,
-          max_sessions: int = 512) -> None:
+          max_sessions: int = 512, max_body_bytes: int = MAX_BODY_BYTES, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
     """Run the service in the foreground (what `grooves env serve NAME` does)."""
     import uvicorn
 
-    uvicorn.run(create_app(env, ttl_s=ttl_s, max_sessions=max_sessions), host=host, port=port, log_level="info")
+    app = create_app(env, ttl_s=ttl_s, max_sessions=max_sessions, max_body_bytes=max_body_bytes, max_snapshot_bytes=max_snapshot_bytes)
+    uvicorn.run(app, host=host, port=port, log_level="info")

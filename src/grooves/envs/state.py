@@ -7,6 +7,12 @@ database as bytes, so restoring it gives back byte-identical state, and forks sh
 
 Every query takes bound parameters; text from a model is only ever a parameter value, never
 part of a statement (`like_pattern` escapes LIKE wildcards so `%` in a search is data too).
+
+Snapshot bytes may come from outside (the environment server restores what a client uploads),
+and a SQLite file carries code: views, triggers and indexes run on every query that touches them
+(a recursive view can hold a tool call, and the server thread running it, for as long as it
+likes). `check_snapshot` therefore opens the bytes on a scratch connection first and accepts
+only an intact database whose schema is exactly the seed's.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class SeedDatabase:
         builder(self._conn)
         self._conn.commit()
         self._lock = threading.Lock()
+        self.schema = schema_of(self._conn)
+        """Every table, index, view and trigger with its SQL; a restored snapshot must have exactly these."""
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -121,6 +129,37 @@ class SqliteState:
         self.conn.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def schema_of(conn: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
+    """(type, name, table, SQL) of every schema entry, sorted: two databases with equal lists have one schema."""
+    rows = conn.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_schema").fetchall()
+    return sorted(tuple(r) for r in rows)
+
+
+def check_snapshot(data: bytes, seed: SeedDatabase) -> None:
+    """Raise ValueError unless `data` is an intact SQLite database with exactly `seed`'s schema.
+
+    The bytes are opened on a scratch connection that runs no query of theirs: only the schema
+    table and `PRAGMA quick_check` (page structure, bounded by the size) are read. An extra or
+    changed table, column, index, view or trigger is refused, so nothing restored can run code
+    the environment did not write.
+    """
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(bytes(data))
+        found = schema_of(conn)
+        if found != seed.schema:
+            extra = sorted({f"{t} {n}" for t, n, _, _ in set(found) - set(seed.schema)})
+            missing = sorted({f"{t} {n}" for t, n, _, _ in set(seed.schema) - set(found)})
+            raise ValueError(f"its schema is not the environment's (not in the seed, or changed: {extra}; missing or changed: {missing})")
+        problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+        if problems != ["ok"]:
+            raise ValueError(f"the database is damaged: {'; '.join(problems)}")
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"not a SQLite database ({exc})") from None
+    finally:
+        conn.close()
 
 
 def like_pattern(text: str) -> str:

@@ -30,7 +30,7 @@ from grooves.envs.base import (
     parse_tool_call,
     tool_calls_made,
 )
-from grooves.envs.state import SeedDatabase, SqliteState
+from grooves.envs.state import SeedDatabase, SqliteState, check_snapshot
 from grooves.envs.tools import Tool, ToolBox, ToolContext, error_content
 from grooves.trajectory import Trajectory
 
@@ -244,7 +244,17 @@ class LocalEpisode:
         return self.state.snapshot()
 
     def restore(self, data: bytes) -> None:
-        """Restore a snapshot; bytes that are not an episode database leave the state as it was."""
+        """Restore a snapshot; bytes that are not an episode database leave the state as it was.
+
+        The bytes must be an intact database with exactly the seed's schema (`check_snapshot`): a
+        database with views or triggers of its own would run them on every tool call.
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"restore expects the bytes of snapshot(), got {type(data).__name__}")
+        try:
+            check_snapshot(data, self.env.seed_db)
+        except ValueError as exc:
+            raise ValueError(f"not a snapshot of a {self.env.name} episode: {exc}") from None
         before = self.state.snapshot()
         try:
             self.state.restore(data)

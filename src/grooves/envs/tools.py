@@ -9,6 +9,7 @@ to. A bad call is data about the agent, not a reason to lose the rollout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -102,6 +103,16 @@ class ToolBox:
         return tool.latency_s if tool is not None else 0.0
 
     def run(self, ctx: ToolContext, call: ToolCall) -> ToolOutcome:
+        """The call's outcome; never raises, whatever the call holds (a failure is an error outcome)."""
+        try:
+            return self._run(ctx, call)
+        except Exception as exc:  # a gap in the guards below: still an error outcome, not a server error
+            with contextlib.suppress(Exception):  # the connection may be unusable; the outcome says what failed
+                ctx.state.conn.rollback()
+            text = f"{call.name!r} could not be run: {type(exc).__name__}: {exc}"
+            return ToolOutcome(error_content("tool_crashed", text), "tool_crashed", self.latency(call.name))
+
+    def _run(self, ctx: ToolContext, call: ToolCall) -> ToolOutcome:
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self._tools))
@@ -118,7 +129,11 @@ class ToolBox:
             ctx.state.conn.rollback()
             text = f"{call.name} failed: {type(exc).__name__}: {exc}"
             return ToolOutcome(error_content("tool_crashed", text), "tool_crashed", tool.latency_s)
-        content = json.dumps(result, ensure_ascii=False, default=str)
+        try:
+            content = json.dumps(result, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError) as exc:  # a result JSON cannot hold (a circular or huge value)
+            text = f"{call.name} returned a result that cannot be written as JSON: {type(exc).__name__}: {exc}"
+            return ToolOutcome(error_content("tool_crashed", text), "tool_crashed", tool.latency_s)
         return ToolOutcome(_clip(content, self.limits.max_result_chars), None, tool.latency_s)
 
     def _parse(self, call: ToolCall) -> tuple[dict[str, Any], tuple[str, str] | None]:
@@ -130,9 +145,16 @@ class ToolBox:
             args = json.loads(text)
         except json.JSONDecodeError as exc:
             return {}, ("invalid_json", f"arguments are not valid JSON ({exc.msg} at character {exc.pos})")
+        except RecursionError:
+            return {}, ("invalid_json", "arguments are nested too deeply to parse")
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            return {}, ("invalid_json", f"arguments are not valid JSON ({exc})")
         if not isinstance(args, dict):
             return {}, ("invalid_arguments", f"arguments must be a JSON object, got {type(args).__name__}")
-        error = best_match(self._validators[call.name].iter_errors(args))
+        try:
+            error = best_match(self._validators[call.name].iter_errors(args))
+        except RecursionError:
+            return {}, ("invalid_arguments", "arguments are nested too deeply to check")
         if error is not None:
             return {}, ("schema_violation", f"at {error.json_path}: {error.message}")
         return args, None

@@ -16,6 +16,12 @@ With several LoRA adapters served on one base, a batch is split by adapter and e
 sampled with its adapter active, one part after the other. (peft can mix adapters within one
 forward via `adapter_names`, but the sampler drops finished rows from its KV cache as it decodes,
 so that per-row list would have to follow every drop; per-adapter parts are exact and simple.)
+
+One request never fails another. If a batch raises, each of its requests is sampled again on its
+own, so the error reaches only the request that causes it. A request whose caller stops waiting
+(its task is cancelled: the HTTP client went away) is marked, and the sampler drops its rows at
+the next decode step, or skips it if it is still queued. Otherwise a long request whose client
+had left would keep the sampler busy to its last token while other requests waited behind it.
 """
 
 from __future__ import annotations
@@ -37,6 +43,25 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     adapter: str | None = None
     """Extra adapter to sample with (`policy.load_adapter`); None: the policy's own weights."""
+    cancelled: bool = False
+    """Set from the event loop when the caller stopped waiting; read by the sampler thread."""
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+@dataclass
+class SchedulerCounters:
+    """What the sampler thread has done, for tests and metrics."""
+
+    batches: int = 0
+    """`policy.generate` calls started (a failed batch's per-request retries count too)."""
+    failed_requests: int = 0
+    """Requests answered with an exception."""
+    cancelled_requests: int = 0
+    """Requests dropped because their caller stopped waiting (before or during sampling)."""
+    cancelled_tokens: int = 0
+    """Tokens sampled for cancelled requests before their rows left the batch."""
 
 
 class BatchScheduler:
@@ -47,15 +72,21 @@ class BatchScheduler:
         self.max_batch_rows = max_batch_rows
         self.window_s = window_s
         self.max_wait_s = max_wait_s
+        self.counters = SchedulerCounters()
         self._queue: queue.Queue[_Job] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="grooves-sampler", daemon=True)
         self._thread.start()
 
     async def submit(self, prompt: list[int], params: SamplingParams, adapter: str | None = None) -> list[Completion]:
+        """The request's completions; cancelling the awaiting task withdraws the request from the sampler."""
         loop = asyncio.get_running_loop()
         job = _Job(prompt, params, loop.create_future(), loop, adapter)
         self._queue.put(job)
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
 
     def _take_batch(self) -> list[_Job]:
         jobs = [self._queue.get()]
@@ -74,32 +105,58 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             batch = self._take_batch()
-            by_adapter: dict[str | None, list[_Job]] = {}
-            for job in batch:
-                by_adapter.setdefault(job.adapter, []).append(job)
-            for adapter, jobs in by_adapter.items():
-                self._generate(adapter, jobs)
+            try:
+                waiting = [j for j in batch if not j.cancelled]
+                self.counters.cancelled_requests += len(batch) - len(waiting)
+                by_adapter: dict[str | None, list[_Job]] = {}
+                for job in waiting:
+                    by_adapter.setdefault(job.adapter, []).append(job)
+                for adapter, jobs in by_adapter.items():
+                    self._generate(adapter, jobs)
+            except Exception as exc:  # the thread must outlive any error, or every later request would hang
+                for job in batch:
+                    _deliver(job, exc)
 
     def _generate(self, adapter: str | None, jobs: list[_Job]) -> None:
-        prompts, params = [j.prompt for j in jobs], [j.params for j in jobs]
         try:
-            if adapter is None:
-                results = self.policy.generate(prompts, params)
-            else:
-                results = self.policy.generate(prompts, params, adapter=adapter)
-        except Exception as exc:  # delivered to the waiting request, which turns it into an HTTP error
-            for j in jobs:
-                j.loop.call_soon_threadsafe(_set_exception, j.future, exc)
+            results = self._sample(adapter, jobs)
+        except Exception as exc:
+            if len(jobs) == 1:
+                self.counters.failed_requests += 1
+                _deliver(jobs[0], exc)
+                return
+            for job in jobs:  # sampled alone, a bad request fails by itself and the others go through
+                if not job.cancelled:
+                    self._generate(adapter, [job])
             return
-        for j, res in zip(jobs, results, strict=True):
-            j.loop.call_soon_threadsafe(_set_result, j.future, res)
+        for job, completions in zip(jobs, results, strict=True):
+            if job.cancelled:
+                self.counters.cancelled_requests += 1
+                self.counters.cancelled_tokens += sum(len(c.token_ids) for c in completions)
+            else:
+                _deliver(job, completions)
+
+    def _sample(self, adapter: str | None, jobs: list[_Job]) -> list[list[Completion]]:
+        self.counters.batches += 1
+        prompts, params = [j.prompt for j in jobs], [j.params for j in jobs]
+        cancelled = [j.is_cancelled for j in jobs]
+        if adapter is None:
+            return self.policy.generate(prompts, params, cancelled=cancelled)
+        return self.policy.generate(prompts, params, adapter=adapter, cancelled=cancelled)
 
 
-def _set_result(future: asyncio.Future, value) -> None:
-    if not future.done():
-        future.set_result(value)
+def _deliver(job: _Job, outcome) -> None:
+    """Hand a result (or an exception) to the waiting request on its event loop."""
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, outcome)
+    except RuntimeError:  # that loop has closed: nobody is waiting any more
+        pass
 
 
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _settle(future: asyncio.Future, outcome) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -45,6 +45,10 @@ def serve_command(
     ),  # fmt: skip
     admin: bool = typer.Option(True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."),
     max_n: int = typer.Option(64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."),
+    max_request_tokens: int | None = typer.Option(
+        None, "--max-request-tokens", min=1, help="Largest n x max_tokens one request may ask for; default 65536."
+    ),
+    max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1, help="Largest request body; default 8 MiB (8388608)."),
     served_name: str | None = typer.Option(None, "--served-name", help="Model name clients send; default: the --model value."),
     device: str = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 keeps sampler and trainer logprobs equal; bfloat16 halves memory."),
@@ -74,7 +78,8 @@ def serve_command(
     if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
         # libgomp's spinning threads slowed the sampler 5-15x when other processes shared the cores
         console.print("tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)", highlight=False)
-    serve(policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin)
+    limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
+    serve(policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin, **{k: v for k, v in limits.items() if v is not None})
 
 
 @models_app.command("fetch")

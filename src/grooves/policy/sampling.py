@@ -17,12 +17,17 @@ which makes training slightly off-policy, so training runs default to top_p = 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from grooves.forward import kept_positions
 from grooves.policy.decode import MatmulPlan, decoder_for
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
+which torch's generator takes up to 2**64 - 1."""
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (eos or a stop string) | "length"
+    finish_reason: str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
 
 
 @dataclass
@@ -117,15 +122,23 @@ def sample(
     generator: torch.Generator | None = None,
     fused: bool = True,
     plan: MatmulPlan | None = None,
+    cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
     `fused` decodes Llama-family models with grooves' own lean forward (`policy/decode.py`);
     False (or another model type) runs every decode step through the model's own forward.
     `plan` (kept by the caller across batches) picks that forward's matmul form per row count.
+    `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
+    (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
     if len(prompts) != len(params):
         raise ValueError("prompts and params must have the same length")
+    if cancelled is not None and len(cancelled) != len(prompts):
+        raise ValueError("cancelled must have one entry per prompt")
+    for i, p in enumerate(params):
+        if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
+            raise ValueError(f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     # identical prompts (a group's rollouts sent as separate requests) are prefilled once
@@ -163,9 +176,13 @@ def sample(
 
     while active:
         tokens, logps = _sample_rows(logits, [rows[a] for a in active], generator)
+        gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
         still: list[int] = []
         for j, a in enumerate(active):
             row = rows[a]
+            if row.request in gone:
+                row.finish = "cancelled"
+                continue
             tok = int(tokens[j])
             row.tokens.append(tok)
             row.logprobs.append(float(logps[j]))

@@ -5,7 +5,8 @@ step's new adapter weights are live for the next request without copying anythin
 is a version bump). A lock keeps a sampling batch and an optimizer step from touching the
 weights at the same time.
 
-Prompts are rendered with the model's own chat template (tools via the family's `ToolFormat`).
+Prompts are rendered with the model's own chat template (tools via the family's `ToolFormat`);
+control-token text inside messages and tools stays text (`policy/control_tokens.py`).
 For multi-turn agents, each completion we return is remembered with the exact token ids of its
 prompt and its sample; when a later request continues that conversation, its prompt is built
 from those ids plus the newly rendered suffix. The prompt then extends the earlier one token for
@@ -20,6 +21,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -29,6 +31,7 @@ import torch
 from grooves.config import MatmulForms
 from grooves.models import resolve_model
 from grooves.policy import allocator
+from grooves.policy.control_tokens import ControlTextGuard
 from grooves.policy.decode import MatmulPlan
 from grooves.policy.merged import MergedWeights
 from grooves.policy.output_head import PlannedHead
@@ -121,6 +124,8 @@ class TransformersPolicy:
         """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`); None: the head as it is."""
         self.device = device
         self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
+        self._guard = ControlTextGuard(self.tokenizer)
+        """Keeps `<|im_end|>` and other control-token text in messages and tools from becoming control tokens."""
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_token_ids = self._eos_ids()
         self.lock = threading.RLock()
@@ -141,13 +146,15 @@ class TransformersPolicy:
 
     # ---- prompts -------------------------------------------------------------------------
     def _template_text(self, messages, tools, add_generation_prompt: bool) -> str:
+        """The rendered prompt, with control-token text from the request marked (`_encode` keeps it text)."""
         msgs, native_tools = self.tool_format.template_messages(messages, tools)
         return self.tokenizer.apply_chat_template(
-            msgs, tools=native_tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            self._guard.mark(msgs), tools=self._guard.mark(native_tools), tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._guard.encode(text)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Token ids of the prompt, reusing the exact ids of earlier turns we sampled."""
@@ -199,12 +206,17 @@ class TransformersPolicy:
             )
 
     def generate(
-        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None = None,
+        cancelled: Sequence[Callable[[], bool]] | None = None,
     ) -> list[list[Completion]]:
         """Sample completions for several prompts in one batch (blocking).
 
         `adapter` names an extra adapter loaded with `load_adapter`; None samples with the policy's
         own weights (its training or `adapter_path` adapter, or the base model if it has none).
+        `cancelled[i]()` turning True drops prompt i's rows at the next decode step (see `sample`).
         """
         head = self._head.applied(self.model) if self._head is not None else contextlib.nullcontext()
         with self.lock, self._sampling_weights(adapter), head:
@@ -213,7 +225,7 @@ class TransformersPolicy:
             try:
                 return sample(
                     self.model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids,
-                    generator=self.generator, fused=self.fused_decode, plan=self._plan,
+                    generator=self.generator, fused=self.fused_decode, plan=self._plan, cancelled=cancelled,
                 )
             finally:
                 if was_training:

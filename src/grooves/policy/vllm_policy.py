@@ -258,9 +258,13 @@ class VLLMPolicy:
 
     # ---- sampling ------------------------------------------------------------------------
     def generate(
-        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None
+        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None, cancelled=None
     ) -> list[list[Completion]]:
-        """Sample completions for several prompts in one vLLM batch (blocking)."""
+        """Sample completions for several prompts in one vLLM batch (blocking).
+
+        `cancelled` is accepted for the batch scheduler's interface but not acted on: the offline
+        `LLM.generate` finishes a batch it has started.
+        """
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.lora.request import LoRARequest
 

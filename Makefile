@@ -2,14 +2,16 @@
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
+# the exact versions the CPU default installs; pyproject.toml holds the ranges grooves works with
+LOCK := constraints/cpu.txt
 
-.PHONY: setup demo hn-demo test test-slow bench bench-trl gpu-bundle lint clean
+.PHONY: setup demo hn-demo test test-slow check-vllm-resolves bench bench-trl gpu-bundle lint clean
 
-$(BIN)/grooves: pyproject.toml
+$(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,ray]'
+	$(BIN)/pip install -q -c $(LOCK) torch
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
@@ -29,6 +31,16 @@ test: setup
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
+
+# `pip install 'grooves[vllm]'` (on a CUDA machine) must resolve: a dry run, without the CPU lock,
+# that installs nothing. The index serves no separate metadata files, so plain pip would download
+# every wheel to read its dependencies (about 1.9 GB); fast-deps reads each wheel's metadata with
+# HTTP range requests instead (about 90 MB, 20-30 s).
+check-vllm-resolves: setup
+	$(BIN)/pip install --dry-run --ignore-installed --use-feature=fast-deps \
+		--report $(VENV)/vllm-resolve.json '.[vllm]' > $(VENV)/vllm-resolve.log 2>&1 \
+		|| { tail -n 20 $(VENV)/vllm-resolve.log >&2; echo "check-vllm-resolves: pip cannot resolve '.[vllm]' (its reason above, all of it in $(VENV)/vllm-resolve.log): pyproject.toml's ranges exclude a version the vllm extra pins, or the index lacks one" >&2; exit 1; }
+	$(BIN)/python -c "import json; r = json.load(open('$(VENV)/vllm-resolve.json')); v = {i['metadata']['name'].lower(): i['metadata']['version'] for i in r['install']}; print('grooves[vllm] resolves:', ', '.join(f'{k} {v[k]}' for k in ('vllm', 'torch', 'transformers', 'fastapi', 'numpy')), f'({len(v)} packages)')"
 
 bench: setup
 	$(BIN)/grooves models fetch

@@ -8,8 +8,10 @@
 # Environment (the first that applies):
 #   .gpu/wheels present: the machine's own python3 (with its CUDA torch) plus those wheels, installed
 #     offline into /tmp/grooves-site. Nothing is downloaded: such machines often reach no index.
-#   else: a virtualenv benchmarks/.venv-gpu with vLLM (vllm 0.33.0 pins its own CUDA torch,
-#     transformers < 5.21 and fastapi < 0.137, hence an environment of its own), made on first use.
+#   else: a virtualenv benchmarks/.venv-gpu with vLLM, made on first use: vllm 0.33.0 pins its own
+#     CUDA torch 2.14.0 and needs transformers < 5.21 and fastapi < 0.137. Those lie inside grooves'
+#     ranges (`pip install '.[vllm]'` resolves) but not in the CPU lock .venv is made from
+#     (constraints/cpu.txt: torch 2.13.0+cpu, transformers 5.23.0, fastapi 0.163.2).
 # Sampler: vLLM when it imports (grooves' `vllm` backend, TRL's colocated vLLM), else both sample
 #   with transformers on the GPU; the table's title names the backend.
 # Model: MODEL_DIR, else Qwen2.5-1.5B-Instruct from the Hugging Face cache, else the embedded
@@ -44,11 +46,16 @@ else
         echo "== no $bundle/wheels: creating $venv (vllm, trl, grooves without its CPU pins; needs PyPI)"
         test -x "$python" || "${PY:-python3.11}" -m venv "$venv"
         "$venv/bin/pip" install -q --upgrade pip
-        # grooves' own pins, except the four vLLM constrains (torch, transformers, fastapi, numpy)
+        # grooves' dependencies at the CPU lock's versions, except the four vLLM constrains
+        # (torch, transformers, fastapi, numpy)
         deps="$("$python" - <<'PY'
 import re, tomllib
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-print(" ".join(d for d in deps if re.split(r"[=<>!~ ]", d)[0] not in ("torch", "transformers", "fastapi", "numpy")))
+pins = [line.strip().split("==") for line in open("constraints/cpu.txt") if "==" in line and not line.startswith("#")]
+lock = {norm(name): version for name, version in pins}
+names = [norm(re.split(r"[=<>!~ ]", d)[0]) for d in deps]
+print(" ".join(f"{n}=={lock[n]}" for n in names if n not in ("torch", "transformers", "fastapi", "numpy")))
 PY
 )"
         # shellcheck disable=SC2086

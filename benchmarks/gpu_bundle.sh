@@ -19,7 +19,7 @@ out="${OUT:-.gpu}"
 pyver="${PYVER:-3.12}"
 mkdir -p "$out/wheels" "$out/tokenizer"
 
-# grooves' runtime needs beyond such an image (versions: pyproject.toml and what they resolve to)
+# grooves' runtime needs beyond such an image, at the CPU default's versions (constraints/cpu.txt)
 grooves_pkgs=(
     transformers==5.23.0 peft==0.21.2 accelerate==1.16.0 gguf==0.19.0
     fastapi==0.163.2 starlette==1.10.0 opentelemetry-api==1.45.2 uvicorn==0.54.0

@@ -110,7 +110,7 @@ def test_importing_grooves_and_the_trainer_does_not_import_vllm_or_ray():
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_vllm_backend_without_vllm_says_what_to_do(tiny_model_dir):
     config = parse_config({"model": {"base_model": str(tiny_model_dir), "backend": "vllm"}})
-    with pytest.raises(ImportError, match="needs vLLM on a CUDA machine"):
+    with pytest.raises(ImportError, match=r"needs vLLM on a CUDA machine: pip install 'grooves\[vllm\]'"):
         build_policy(config)
 
 

@@ -158,8 +158,8 @@ class VLLMPolicy:
             from vllm import LLM
         except ImportError as exc:
             raise ImportError(
-                "model.backend = 'vllm' needs vLLM on a CUDA machine, in an environment of its own (vLLM pins its "
-                "own torch and transformers); benchmarks/gpu.sh shows the setup, or use model.backend = 'transformers'"
+                "model.backend = 'vllm' needs vLLM on a CUDA machine: pip install 'grooves[vllm]' in a virtualenv "
+                "of its own (vLLM brings its own CUDA torch), or use model.backend = 'transformers'"
             ) from exc
         if sleep_level not in (0, 1, 2):
             raise ValueError(f"vllm.sleep_level must be 0 (never sleep), 1 or 2, got {sleep_level}")

@@ -42,6 +42,9 @@ class ThreadedServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._sock.close()
+        scheduler = getattr(self._server.config.app.state, "scheduler", None)
+        if scheduler is not None:  # the app's sampler thread must not outlive the server (see BatchScheduler.close)
+            scheduler.close()
 
     def __enter__(self) -> ThreadedServer:
         return self

@@ -34,3 +34,15 @@ def make_run(run_dir, val_by_step: dict[int, float | None], *, model_dir):
         rows.append(row)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
+
+
+def poison_adapter(adapter_dir, value=float("nan")):
+    """Set one weight of a saved adapter to `value` (NaN by default), as a diverged run leaves it; returns its name."""
+    from safetensors.torch import load_file, save_file
+
+    path = adapter_dir / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    name = sorted(tensors)[0]
+    tensors[name][0, 0] = value
+    save_file(tensors, str(path))
+    return name

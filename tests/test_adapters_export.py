@@ -79,3 +79,39 @@ def test_cli_exports_the_best_checkpoint_of_a_run(tiny_model_dir, tmp_path):
     manifest = json.loads((tmp_path / "out" / "export.json").read_text())
     assert manifest["adapter_source"].endswith("step_000002/adapter")
     assert manifest["max_abs_logit_diff"] < 1e-4
+
+
+def test_an_adapter_with_nan_or_inf_weights_is_not_exported(tiny_model_dir, tmp_path):
+    from adapters_support import poison_adapter
+
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    name = poison_adapter(adapter, float("inf"))
+    with pytest.raises(ExportError) as info:
+        export_adapter(adapter, tmp_path / "out")
+    assert str(info.value) == (
+        f"{adapter}: 1 of 8 weight tensors hold NaN or inf (first: {name}); the run diverged before this checkpoint: "
+        "pick an earlier one; nothing was exported"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no output, no temporary folder
+    result = CliRunner().invoke(cli_app, ["export", str(adapter), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "hold NaN or inf" in result.output and "Traceback" not in result.output
+
+
+def test_export_refuses_a_non_empty_out_and_with_overwrite_replaces_it_whole(tiny_model_dir, tmp_path):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an earlier export")
+    with pytest.raises(ExportError, match=rf"^--out {out} is not empty; pass --overwrite to replace it"):
+        export_adapter(adapter, out)
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    result = CliRunner().invoke(cli_app, ["export", str(adapter), "--out", str(out), "--no-merged"])
+    assert result.exit_code == 1 and "pass --overwrite" in result.output
+
+    result = CliRunner().invoke(cli_app, ["export", str(adapter), "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "export.json", "merged"]  # nothing of the old folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "exported"]  # no temporary or set-aside folder left
+    assert json.loads((out / "export.json").read_text())["merged_dir"] == str(out / "merged")
+    (tmp_path / "empty").mkdir()
+    assert export_adapter(adapter, tmp_path / "empty", merged=False).adapter_dir == str(tmp_path / "empty" / "adapter")

@@ -223,3 +223,24 @@ def test_serve_options(peaked_model_dir, adapters):
         parse_adapter_options([f"tiny={adapters['a']}"], "tiny")
     result = CliRunner().invoke(cli_app, ["serve", "--model", str(peaked_model_dir), "--adapter", f"x={peaked_model_dir}"])
     assert result.exit_code == 1 and "--adapter x=" in result.output
+
+
+def test_an_adapter_with_nan_weights_is_refused(peaked_model_dir, adapters, tmp_path):
+    import shutil
+
+    from adapters_support import poison_adapter
+
+    bad = tmp_path / "diverged"
+    shutil.copytree(adapters["a"], bad)
+    poison_adapter(bad)
+    app = create_app(TransformersPolicy(str(peaked_model_dir), served_name="tiny"))
+    http = TestClient(app)
+    answer = http.post("/v1/adapters", json={"name": "d", "path": str(bad)})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "path" and error["message"].startswith(f"{bad}: 1 of ") and "hold NaN or inf" in error["message"]
+    http.post("/v1/adapters", json={"name": "p", "path": str(adapters["a"])})
+    assert http.post("/v1/adapters/p/promote", json={"path": str(bad)}).status_code == 400
+    assert app.state.adapters.get("p").path == str(adapters["a"])  # still served: the promotion never happened
+    with pytest.raises(ValueError, match=r"--adapter x=.*hold NaN or inf"):
+        parse_adapter_options([f"x={bad}"], "tiny")

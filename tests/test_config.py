@@ -54,3 +54,38 @@ def test_bad_toml_and_missing_file(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="no such run file"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "text,line",
+    [("[optim]\nlr = inf", "optim.lr: Input should be a finite number (got inf)"),
+     ("[optim]\nbetas = [0.9, nan]", "optim.betas.1: Input should be a finite number (got nan)"),
+     ("[lora]\nalpha = -inf", "lora.alpha: Input should be a finite number (got -inf)"),
+     ("[algorithm]\nstd_floor = inf", "algorithm.std_floor: Input should be a finite number (got inf)"),
+     ("[rollout]\ntemperature = nan", "rollout.temperature: Input should be a finite number (got nan)"),
+     ("[watch.reward_jump]\nmin_delta = inf", "watch.reward_jump.min_delta: Input should be a finite number (got inf)"),
+     ("[task_options]\nscale = inf", "task_options.scale: Input should be a finite number (got inf)"),
+     ('tasks = [{task = "capitals", weight = inf}]', "tasks.0.weight: Input should be a finite number (got inf)"),
+     ("[rollout]\nconcurrency = true", "rollout.concurrency: Input should be a number, not true (got True)"),
+     ("[optim]\nweight_decay = false", "optim.weight_decay: Input should be a number, not false (got False)")],
+)  # fmt: skip
+def test_every_number_must_be_finite_and_a_number(tmp_path, text, line):
+    """One check over the whole validated config, the watch's sections and task options included."""
+    path = tmp_path / "run.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == line
+
+
+def test_the_tool_formats_the_config_allows_are_the_ones_that_exist():
+    from typing import get_args
+
+    from grooves.config import ToolFormats
+    from grooves.policy.tool_format import TOOL_FORMATS
+
+    assert sorted(get_args(ToolFormats)) == sorted(TOOL_FORMATS)
+
+
+def test_a_check_across_fields_is_one_line_without_the_input():
+    assert _error({"tasks": []}) == "tasks is empty; list at least one {task = ..., weight = ...} or use `task`"

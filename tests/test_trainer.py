@@ -437,3 +437,94 @@ def test_a_nonfinite_step_stops_the_run_when_asked(peaked_model_dir, tmp_path):
         train(config, score=_overflow_at(2))
     assert [r["step"] for r in _rows(run_dir) if "loss" in r] == [1]  # step 2 is neither logged
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]  # nor checkpointed
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def test_a_new_run_in_a_folder_that_holds_one_is_refused_unless_told(peaked_model_dir, tmp_path):
+    from grooves.config import ConfigError
+    from grooves.runlog import RunFolderError
+
+    out = tmp_path / "run"
+    over = {"validation__every": 0, "rollout__groups_per_step": 4}
+    train(_config(peaked_model_dir, out, steps=3, **over))
+    before = _files(out)
+
+    with pytest.raises(RunFolderError, match=r"already holds a run \(checkpoints up to step_000003\); continue it with --resume"):
+        train(_config(peaked_model_dir, out, steps=2, optim={"lr": 1e-3}, **over))
+    with pytest.raises(ConfigError, match=r"^model.base_model: "):  # a start that fails after the folder checks
+        train(_config(peaked_model_dir, out, steps=2, model={"base_model": str(tmp_path / "gone")}, **over), overwrite=True)
+    assert _files(out) == before  # neither touched the old run: not its config.toml, not its checkpoints
+
+    train(_config(peaked_model_dir, out, steps=2, **over), overwrite=True)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert [r["step"] for r in _rows(out)] == [0, 1, 2]
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "step_000001.jsonl", "step_000002.jsonl", "validation_000000.jsonl", "validation_000002.jsonl",
+    ]  # fmt: skip
+    assert "steps = 2" in (out / "config.toml").read_text()
+
+
+def test_a_second_trainer_on_a_locked_folder_is_refused(peaked_model_dir, tmp_path):
+    import os
+
+    from grooves.runlog import RunFolderError, lock_run_dir
+
+    out = tmp_path / "run"
+    with lock_run_dir(out):  # as a trainer in another process holds it
+        with pytest.raises(RunFolderError, match=rf"is in use by another trainer \(process {os.getpid()}\)"):
+            train(_config(peaked_model_dir, out, steps=1, validation__every=0))
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_resume_falls_back_from_a_damaged_checkpoint(peaked_model_dir, tmp_path, capsys):
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 4}
+    full = _rows(train(_config(peaked_model_dir, tmp_path / "full", **over)))
+    part = tmp_path / "part"
+    train(_config(peaked_model_dir, part, **over), stop_after=2)
+    adapter = part / "checkpoints" / "step_000002" / "adapter" / "adapter_model.safetensors"
+    size = adapter.stat().st_size
+    adapter.write_bytes(adapter.read_bytes()[:1000])  # as a full disk or a cut copy leaves it
+    capsys.readouterr()
+    resumed = _rows(train(_config(peaked_model_dir, part, **over), resume=True))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert lines == [
+        f"checkpoint {part / 'checkpoints' / 'step_000002'} is damaged (adapter/adapter_model.safetensors has 1000 bytes, "
+        f"the manifest says {size}); falling back to step_000001"
+    ]
+    assert [r["step"] for r in resumed] == [r["step"] for r in full] == [0, 1, 2, 3]
+    for a, b in zip(full, resumed, strict=True):  # step 2 was trained again, from step 1's checkpoint
+        a, b = _comparable(a), _comparable(b)
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_path):
+    """SIGINT to `grooves train`: exit 130, no crash, one line with the step and the --resume command."""
+    out = tmp_path / "run"
+    config = _config(peaked_model_dir, out, steps=60, validation__every=0)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(_toml(config))
+    cmd = [sys.executable, "-m", "grooves.cli", "train", str(run_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: to the whole process group
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "terminate called" not in stderr and "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    done = max(r["step"] for r in _rows(out) if "loss" in r)
+    checkpoint = json.loads((out / "checkpoints" / f"step_{done:06d}" / "state.json").read_text())["step"]
+    assert checkpoint == done >= 2  # checkpoint_every = 1: the last step logged is the last checkpoint
+    assert last == (
+        f"interrupted after step {done} of 60; the last checkpoint is step {done} ({out / 'checkpoints' / f'step_{done:06d}'}); "
+        f"continue with: grooves train {run_file} --resume"
+    )
+    result = subprocess.run([*cmd, "--resume", "--set", f"steps={done + 1}"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, done + 2))

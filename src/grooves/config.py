@@ -3,25 +3,44 @@
 Every field has a docstring saying what it trades off. Unknown fields, wrong types and impossible
 values fail at load time with one line naming the field, the value and what is allowed; the
 trainer only ever reads the resolved config, which is written to the run directory and saved with
-every checkpoint.
+every checkpoint. Two checks cover every section at once instead of each field: `check_numbers`
+(no inf or nan, no true/false for a number) and, at the start of a run, `check_against_model`
+(the fields that depend on the model, read from its config.json before its weights load).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from grooves.watch.config import WatchConfig
 
 MatmulForms = Literal["timed_head", "fixed", "timed"]
 """What `ModelConfig.matmul_forms` may be."""
+ToolFormats = Literal["smollm2", "template"]
+"""What `ModelConfig.tool_format` may be (the names of `policy.tool_format.TOOL_FORMATS`)."""
+_DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+TaskOptions = dict[str, str | int | Annotated[float, AllowInfNan(True)] | bool]
+"""A task's constructor options. inf/nan pass the union here (one error per member type
+otherwise) and are refused, on one line, by `check_numbers`."""
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are refused here, and in every other section by `check_numbers`
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -30,7 +49,8 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """float32 on CPU (bf16 matmuls are slow there and logprob mismatch grows); bf16 on GPUs."""
     device: str = "cpu"
-    tool_format: str | None = None
+    """`cpu`, `cuda`, `cuda:N`, `mps`, `xpu` or `xpu:N`; a device torch does not see is refused at start."""
+    tool_format: ToolFormats | None = None
     """How tools appear in the prompt: `smollm2`, `template`, or unset to pick from the chat template."""
     backend: Literal["transformers", "vllm"] = "transformers"
     """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
@@ -55,6 +75,13 @@ class ModelConfig(_Section):
     40 MB logits tensors are not page-faulted in again every time (see `policy/allocator.py`);
     the process keeps its peak memory between steps. false: glibc's defaults."""
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("not a device; use cpu, cuda, cuda:N, mps, xpu or xpu:N")
+        return value
+
 
 class LoraConfig(_Section):
     rank: int = Field(8, ge=1)
@@ -62,8 +89,9 @@ class LoraConfig(_Section):
     alpha: float = Field(16.0, gt=0)
     """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    """Linear layers that get adapters: attention and MLP (all) learn faster than attention only."""
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1)
+    """Linear layers that get adapters: attention and MLP (all) learn faster than attention only.
+    Each name must match a layer of the model (checked at start, before the weights load)."""
 
 
 class RolloutConfig(_Section):
@@ -152,6 +180,7 @@ class OptimConfig(_Section):
     """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6."""
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
+    """Adam's moment decays, each in [0, 1)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm. RL gradients spike when a group's advantages are large."""
     micro_batch_tokens: int = Field(4096, ge=16)
@@ -170,6 +199,13 @@ class OptimConfig(_Section):
     either way, and a stopped run resumed would sample the same step again (rollouts are seeded by
     step) and fail the same way; stop suits a run watched closely, where such a step should be
     looked at before going on."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError("each beta must be in [0, 1), e.g. (0.9, 0.99)")
+        return value
 
 
 class ValidationConfig(_Section):
@@ -198,7 +234,7 @@ class TaskEntry(_Section):
     """A built-in task name, `env:<environment>`, or `package.module:object`."""
     weight: float = Field(1.0, gt=0)
     """Relative share of the training groups; each group's task is drawn with probability weight / sum."""
-    options: dict[str, str | int | float | bool] = {}
+    options: TaskOptions = {}
     """Passed to this task's constructor."""
     name: str | None = None
     """Name in metrics (`task/<name>/...`); default: the `task` value."""
@@ -208,11 +244,12 @@ class RunConfig(_Section):
     name: str = "run"
     output_dir: str = "runs/run"
     """Run folder: config, metrics.jsonl, reward curve, samples, checkpoints, report."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seeds Python, numpy and torch; numpy's seeds are 0 .. 2**32 - 1."""
     steps: int = Field(20, ge=1)
     task: str = "capitals"
     """A built-in task name, or `package.module:object` for your own Task."""
-    task_options: dict[str, str | int | float | bool] = {}
+    task_options: TaskOptions = {}
     """Passed to the task's constructor (e.g. a data file)."""
     tasks: list[TaskEntry] | None = None
     """Several tasks interleaved by weight instead of `task`, e.g.
@@ -228,6 +265,13 @@ class RunConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     watch: WatchConfig = WatchConfig()
     """Reward-hacking detectors and inspection pages (see grooves.watch)."""
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty; name the run folder, e.g. runs/my_run")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -251,19 +295,50 @@ class ConfigError(ValueError):
 def _format(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(run)"
+        field = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             lines.append(f"{field}: unknown field; check its spelling and section")
+        elif not field:  # a check across fields: its message names them
+            lines.append(message)
         else:
-            lines.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{field}: {message} (got {err.get('input')!r})")
     return "\n".join(lines)
+
+
+def check_numbers(raw: Any, value: Any, field: str = "") -> list[str]:
+    """Problems with the numbers of a validated config `value` read from `raw` (the parsed TOML),
+    one line each naming the field: inf or nan anywhere (TOML writes them `inf`, `nan`), and
+    true/false where a number is wanted (pydantic would read them as 1 and 0: `steps = true`).
+
+    Applies to every section, the watch's and task options included, so no float field needs its
+    own check."""
+    if isinstance(raw, bool) and isinstance(value, int | float) and not isinstance(value, bool):
+        return [f"{field}: Input should be a number, not {str(raw).lower()} (got {raw!r})"]
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{field}: Input should be a finite number (got {value!r})"]
+    prefix = f"{field}." if field else ""
+    if isinstance(value, BaseModel):
+        raw_of = raw.get if isinstance(raw, dict) else (lambda name: getattr(raw, name, None))
+        return [p for name in type(value).model_fields for p in check_numbers(raw_of(name), getattr(value, name), prefix + name)]
+    if isinstance(value, dict):
+        raw = raw if isinstance(raw, dict) else {}
+        return [p for key, v in value.items() for p in check_numbers(raw.get(key), v, f"{prefix}{key}")]
+    if isinstance(value, list | tuple):
+        raw = raw if isinstance(raw, list | tuple) and len(raw) == len(value) else [None] * len(value)
+        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True)) for p in check_numbers(r, v, f"{prefix}{i}")]
+    return []
 
 
 def parse_config(data: dict) -> RunConfig:
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
+    problems = check_numbers(data, config)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return config
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
@@ -305,3 +380,68 @@ def dump_config(config: RunConfig) -> str:
     import tomli_w
 
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
+def check_against_model(config: RunConfig) -> None:
+    """The run-file fields that depend on the model, checked before its weights load.
+
+    From the model's config.json alone (and a weightless copy of the model on the `meta` device):
+    `rollout.max_tokens` must leave room for a prompt in the model's context, each name in
+    `lora.target_modules` must be a layer of the model (peft ignores a misspelt one when another
+    matches), and `model.device` must be one torch sees. Raises `ConfigError`, one line per
+    problem. A model whose config cannot be read here (a hub id while offline, remote code) is left
+    to the loader, which reports its own error.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grooves.models import ModelError, resolve_model
+
+    problems = [p for p in [_device_problem(config.model.device)] if p]
+    try:
+        model_config = AutoConfig.from_pretrained(resolve_model(config.model.base_model))
+    except ModelError as exc:
+        problems.append(f"model.base_model: {str(exc).splitlines()[0]}")
+        model_config = None
+    except (OSError, ValueError, KeyError):  # not readable here; the loader says why
+        model_config = None
+    if model_config is not None:
+        context = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+        if config.model.backend == "vllm" and config.vllm.max_model_len:
+            context = min(context or config.vllm.max_model_len, config.vllm.max_model_len)
+        if context is not None and config.rollout.max_tokens >= context:
+            problems.append(
+                f"rollout.max_tokens: {config.rollout.max_tokens} leaves no room for a prompt in the model's "
+                f"context of {context} tokens (max_position_embeddings in its config.json); lower it"
+            )
+        try:
+            with torch.device("meta"):  # shapes only: no memory, no weights read
+                skeleton = AutoModelForCausalLM.from_config(model_config)
+        except (ValueError, KeyError, TypeError, ImportError):  # an architecture transformers cannot build here
+            skeleton = None
+        if skeleton is not None:
+            names = [n for n, _ in skeleton.named_modules()]
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
+            for target in config.lora.target_modules:
+                if not any(n == target or n.endswith("." + target) for n in names):
+                    problems.append(f"lora.target_modules: {target!r} is no layer of this model; its linear layers are {', '.join(linear)}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _device_problem(device: str) -> str | None:
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        return None
+    if kind == "mps":
+        count = 1 if torch.backends.mps.is_available() else 0
+    else:
+        backend = getattr(torch, kind, None)
+        count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        return f"model.device: {device!r}, but torch sees no {kind} device here; use cpu or install torch for {kind}"
+    if index and int(index) >= count:
+        return f"model.device: {device!r}, but torch sees {count} {kind} device(s), numbered from 0"
+    return None

@@ -9,18 +9,93 @@ Layout (documented in the README):
     checkpoints/step_NNNNNN/    adapter, optimizer, RNG states, data position
     findings.jsonl         reward-hacking watch findings (when the watch is on)
     report.html            `grooves report RUN_DIR`
+    .lock                  held by the trainer while it runs
+
+A folder holds one run. A trainer locks it for as long as it runs (`lock_run_dir`), so a second
+trainer on the same folder is refused instead of interleaving its steps with the first's. A new
+run in a folder that already holds checkpoints is refused unless it continues them (resume) or
+replaces them (overwrite, which deletes the old run's outputs first: `clear_run_outputs`), so
+two runs never mix their metrics, samples and checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
-from collections.abc import Sequence
+import os
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from grooves.jsonl import read_jsonl, write_jsonl, write_models
 from grooves.trajectory import TrajectoryGroup
+
+LOCK_FILE = ".lock"
+RUN_OUTPUTS = (
+    "checkpoints", "samples", "inspect", "metrics.jsonl", "reward_curve.png", "findings.jsonl", "watch.jsonl", "report.html",
+)  # fmt: skip
+"""What a run writes into its folder, apart from config.toml (rewritten at each start) and the lock."""
+
+
+class RunFolderError(RuntimeError):
+    """A run folder this run cannot use (in use, or holding another run); the message says what to do."""
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `run_dir` for the `with` block; refuse if another process holds it.
+
+    An `flock` on `run_dir/.lock`: the kernel drops it when the holder's process ends however it
+    ends (a kill included), so a lock left by a dead trainer never blocks the next one. The file
+    stays (deleting it would let a third process lock a new file while the second holds the old);
+    it holds the holder's process id, for the message. flock works on local file systems; on a
+    network one it may not exclude a trainer on another machine.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderError(
+            f"{run_dir} is in use by another trainer (process {holder}); wait for it to end or set another output_dir"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a start that would mix two runs: a folder with checkpoints needs `resume` (continue
+    them) or `overwrite` (replace them); `resume` needs checkpoints. Changes nothing."""
+    if resume and overwrite:
+        raise RunFolderError("--resume continues the run in the folder and --overwrite deletes it; pass one of them")
+    folder = run_dir / "checkpoints"
+    kept = sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")) if folder.is_dir() else []  # .tmp: never finished
+    if resume and not kept:
+        raise RunFolderError(f"--resume: no checkpoint in {folder}; start without --resume")
+    if kept and not resume and not overwrite:
+        raise RunFolderError(
+            f"{run_dir} already holds a run (checkpoints up to {kept[-1]}); continue it with --resume, "
+            "replace it with --overwrite, or set another output_dir"
+        )
+
+
+def clear_run_outputs(run_dir: Path) -> None:
+    """Delete what an earlier run wrote into `run_dir` (`RUN_OUTPUTS`); other files stay."""
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 class RunLog:

@@ -28,9 +28,12 @@ Metric keys written per step (metrics.jsonl):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -40,17 +43,24 @@ import numpy as np
 import torch
 
 from grooves.advantage import group_advantages
-from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
-from grooves.config import RunConfig, dump_config
+from grooves.checkpoint import (
+    CheckpointError,
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from grooves.config import RunConfig, check_against_model, dump_config
 from grooves.forward import shared_prefix_logprobs, token_logprobs
+from grooves.jsonl import read_jsonl
 from grooves.lora_addmm import addmm_lora
 from grooves.loss import compute_loss
 from grooves.optim import adamw
 from grooves.policy.handle import ModelHandle
 from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
-from grooves.runlog import RunLog
+from grooves.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
 from grooves.scale import start_rollouts
-from grooves.server import inprocess_client
+from grooves.server import create_app, inprocess_client
 from grooves.tasks import Task
 from grooves.tasks.mixture import build_task, task_metrics, train_stream
 from grooves.tokenize import (
@@ -341,6 +351,7 @@ async def run(
     *,
     task: Task | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     score: GroupScorer | None = None,
     observers: Sequence[StepObserver] = (),
     watch: Watch | None = None,
@@ -348,36 +359,66 @@ async def run(
 ) -> Path:
     """Train according to `config`; returns the run directory. `stop_after` ends early (tests).
 
+    The run folder holds one run: a folder with checkpoints is continued with `resume` or replaced
+    with `overwrite` (the old run's outputs are deleted once the model has loaded), else refused;
+    a second trainer on the folder is refused while this one runs (see `runlog.lock_run_dir`). A
+    start that fails leaves the folder as it was. However the run ends (done, an error, Ctrl-C),
+    the folder is unlocked and the sampler thread and rollout workers are stopped before this
+    returns or raises.
+
     `watch` replaces the reward-hacking watch `config.watch` describes, e.g. one built with an
     `embed` or `rescore` function (`Watch(config.watch, embed=..., rescore=...)`); without a run
     directory of its own it writes into the run's.
     """
+    async with contextlib.AsyncExitStack() as closing:
+        return await _run(config, closing, task, resume, overwrite, score, observers, watch, stop_after)
+
+
+async def _run(
+    config: RunConfig,
+    closing: contextlib.AsyncExitStack,
+    task: Task | None,
+    resume: bool,
+    overwrite: bool,
+    score: GroupScorer | None,
+    observers: Sequence[StepObserver],
+    watch: Watch | None,
+    stop_after: int | None,
+) -> Path:
     run_dir = Path(config.output_dir)
-    log = RunLog(run_dir)
-    config_toml = dump_config(config)
-    (run_dir / "config.toml").write_text(config_toml)
+    closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
+    check_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    checkpoint = latest_checkpoint(run_dir, warn=_say) if resume else None  # verified before the model loads
+    if resume and checkpoint is None:
+        raise RunFolderError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
     seed_everything(config.seed)
     task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
+    check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
 
     policy = build_policy(config)
-    client = inprocess_client(policy)
+    app = create_app(policy)
+    closing.callback(app.state.scheduler.close)  # an exit while its thread is inside torch aborts the process
+    client = inprocess_client(app)
+    closing.push_async_callback(client.close)
     handle = ModelHandle(client, policy.served_name, config.rollout.temperature, config.rollout.top_p, config.rollout.max_tokens, seed=config.seed)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
     stream = train_stream(task, config.seed)  # ScenarioStream; per-task streams drawn by weight for a mixture
     rollouts = start_rollouts(config.rollout, task.rollout, policy)  # in this process, or Ray actors over HTTP
+    closing.callback(rollouts.close)
 
     state = TrainState(step=0, data_position=0)
-    checkpoint = latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
         stream.position = state.data_position
         policy.adapter_version = state.step
-        log.truncate_after(state.step)
-    elif resume:
-        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
     else:
-        log.truncate_after(-1)  # a fresh run in an old folder starts a fresh metrics file
+        clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
+    # the folder changes only now, after everything that can refuse the start has passed
+    log = RunLog(run_dir)
+    log.truncate_after(state.step if checkpoint is not None else -1)  # on resume: no step appears twice
+    config_toml = dump_config(config)
+    (run_dir / "config.toml").write_text(config_toml)
 
     if state.step == 0:
         val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout)
@@ -390,7 +431,7 @@ async def run(
         if checkpoint is not None:  # the detectors judge the next step against the whole run so far
             watch.watch.resume(state.step, _watch_history(run_dir, state.step))
 
-    bar = _step_bar(config, state.step)
+    bar = closing.enter_context(_step_bar(config, state.step))
     last = min(config.steps, stop_after) if stop_after is not None else config.steps
     while state.step < last:
         step = state.step + 1
@@ -438,8 +479,6 @@ async def run(
             print(f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume", flush=True)
             break
     bar.close()
-    rollouts.close()
-    await client.close()
     _write_report(run_dir)
     return run_dir
 
@@ -508,6 +547,42 @@ def _step_bar(config: RunConfig, start: int):
     return tqdm(total=config.steps, initial=start, desc=config.name, disable=not config.logging.progress, dynamic_ncols=True)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) ended a run. The message says where: the last step logged and the
+    checkpoint `--resume` continues from (`checkpoint_step`, None when none was written)."""
+
+    def __init__(self, message: str, checkpoint_step: int | None):
+        super().__init__(message)
+        self.checkpoint_step = checkpoint_step
+
+
 def train(config: RunConfig, **options) -> Path:
-    """Synchronous entry point: `grooves.train(load_config("run.toml"))`."""
-    return asyncio.run(run(config, **options))
+    """Synchronous entry point: `grooves.train(load_config("run.toml"))`.
+
+    Ctrl-C cancels the run at its next await (a step's rollouts, scoring or validation; an
+    optimizer step or checkpoint being written finishes first), `run` releases what it holds,
+    and this raises `RunInterrupted` saying where the run stopped.
+    """
+    try:
+        return asyncio.run(run(config, **options))
+    except KeyboardInterrupt:
+        raise _interrupted(Path(config.output_dir), config.steps) from None
+
+
+def _interrupted(run_dir: Path, steps: int) -> RunInterrupted:
+    """Where an interrupted run stopped, read from its folder (what a resume will see)."""
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        rows = read_jsonl(metrics) if metrics.exists() else []
+        checkpoint = latest_checkpoint(run_dir)
+    except (ValueError, CheckpointError):  # a damaged file: say what can be said
+        rows, checkpoint = [], None
+    done = max((r.get("step", 0) for r in rows if "loss" in r), default=0)
+    if checkpoint is None:
+        return RunInterrupted(f"interrupted after step {done} of {steps}, before the first checkpoint", None)
+    step = int(json.loads((checkpoint / "state.json").read_text())["step"])
+    return RunInterrupted(f"interrupted after step {done} of {steps}; the last checkpoint is step {step} ({checkpoint})", step)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -25,7 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grooves.adapters.live import AdapterConflict, AdapterTable, Route, UnknownModel
 from grooves.adapters.promote import NothingToRollBack, Promoter
-from grooves.adapters.registry import DEFAULT_METRIC, AdapterNotFound, resolve_adapter
+from grooves.adapters.registry import (
+    DEFAULT_METRIC,
+    AdapterNotFound,
+    BadAdapter,
+    check_adapter_finite,
+    resolve_adapter,
+)
 from grooves.server import APIError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -52,10 +58,13 @@ def route_json(table: AdapterTable, route: Route, promoter: Promoter | None = No
 
 
 def _resolve(source: AdapterSource) -> str:
+    """The adapter folder `source` names; one whose weights hold NaN or inf is refused (400)."""
     try:
-        return str(resolve_adapter(source.path, source.select, source.metric, source.mode))
-    except (AdapterNotFound, ValueError) as exc:
+        path = resolve_adapter(source.path, source.select, source.metric, source.mode)
+        check_adapter_finite(path)
+    except (AdapterNotFound, BadAdapter, ValueError) as exc:
         raise APIError(400, str(exc), "path") from exc
+    return str(path)
 
 
 async def _call(fn, *args):

@@ -21,7 +21,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grooves.adapters.registry import DEFAULT_METRIC, AdapterNotFound, AdapterRegistry, resolve_adapter
+from grooves.adapters.registry import (
+    DEFAULT_METRIC,
+    AdapterNotFound,
+    AdapterRegistry,
+    check_adapter_finite,
+    resolve_adapter,
+)
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -65,9 +71,11 @@ def parse_adapter_options(values: list[str], served_name: str) -> tuple[Path | N
 
 def _resolve_option(value: str, source: str) -> Path:
     try:
-        return resolve_adapter(source)
-    except (AdapterNotFound, ValueError) as exc:
+        path = resolve_adapter(source)
+        check_adapter_finite(path)
+    except (AdapterNotFound, ValueError) as exc:  # BadAdapter included
         raise ValueError(f"--adapter {value}: {exc}") from exc
+    return path
 
 
 def export_command(
@@ -81,13 +89,20 @@ def export_command(
     merged: bool = typer.Option(True, "--merged/--no-merged", help="Write the merged model."),
     adapter: bool = typer.Option(True, "--adapter/--no-adapter", help="Write the adapter alone (peft format)."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Reload the merged model and compare its logits."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it is not empty."),
 ) -> None:
-    """Merge an adapter into its base model and write a plain Hugging Face folder (and the adapter)."""
+    """Merge an adapter into its base model and write a plain Hugging Face folder (and the adapter).
+
+    --out is written atomically (a temporary folder beside it, renamed when done) and must be
+    empty or absent unless --overwrite. An adapter with NaN or inf weights is refused (exit 1).
+    """
     from grooves.adapters.export import ExportError, export_adapter
 
     path = _resolve(source, select, metric, mode)
     try:
-        result = export_adapter(path, out, base_model=base, dtype=dtype, merged=merged, adapter=adapter, verify=verify)
+        result = export_adapter(
+            path, out, base_model=base, dtype=dtype, merged=merged, adapter=adapter, verify=verify, overwrite=overwrite
+        )
     except ExportError as exc:
         raise _fail(str(exc)) from exc
     except (OSError, RuntimeError) as exc:  # the recorded base model is gone, or does not fit the adapter

@@ -28,6 +28,10 @@ class AdapterNotFound(FileNotFoundError):
     """A path or selection that names no adapter; the message says what was there and what to pass."""
 
 
+class BadAdapter(ValueError):
+    """An adapter whose weights must not be used: some hold NaN or inf (a run that diverged)."""
+
+
 @dataclass(frozen=True)
 class CheckpointEntry:
     step: int
@@ -43,6 +47,37 @@ class CheckpointEntry:
 
 def is_adapter_dir(path: Path) -> bool:
     return (path / "adapter_config.json").is_file()
+
+
+def check_adapter_finite(adapter_dir: str | Path) -> None:
+    """Raise `BadAdapter` if any weight of the adapter is NaN or inf.
+
+    Such an adapter turns every logit it touches into NaN; served, it answers garbage, merged, it
+    poisons the exported model. Export and the adapter server refuse it. Reads the weights only
+    (safetensors, or a `.bin` with `torch.load(weights_only=True)`), never runs code.
+    """
+    import pickle
+
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    adapter_dir = Path(adapter_dir)
+    tensors: list[tuple[str, torch.Tensor]] = []
+    try:
+        for file in sorted(adapter_dir.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                tensors += [(k, f.get_tensor(k)) for k in f.keys()]  # noqa: SIM118 (safe_open is no dict)
+        if not tensors:
+            for file in sorted(adapter_dir.glob("adapter_model*.bin")):
+                tensors += list(torch.load(file, weights_only=True, map_location="cpu").items())
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        raise BadAdapter(f"{adapter_dir}: its weights cannot be read ({exc})") from exc
+    bad = [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise BadAdapter(
+            f"{adapter_dir}: {len(bad)} of {len(tensors)} weight tensors hold NaN or inf (first: {bad[0]}); "
+            "the run diverged before this checkpoint: pick an earlier one"
+        )
 
 
 class AdapterRegistry:

@@ -73,12 +73,14 @@ class BatchScheduler:
         self.window_s = window_s
         self.max_wait_s = max_wait_s
         self.counters = SchedulerCounters()
-        self._queue: queue.Queue[_Job] = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # _Job, or _STOP
         self._thread = threading.Thread(target=self._run, name="grooves-sampler", daemon=True)
         self._thread.start()
 
     async def submit(self, prompt: list[int], params: SamplingParams, adapter: str | None = None) -> list[Completion]:
         """The request's completions; cancelling the awaiting task withdraws the request from the sampler."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the sampler was closed")
         loop = asyncio.get_running_loop()
         job = _Job(prompt, params, loop.create_future(), loop, adapter)
         self._queue.put(job)
@@ -88,8 +90,32 @@ class BatchScheduler:
             job.cancelled = True
             raise
 
-    def _take_batch(self) -> list[_Job]:
-        jobs = [self._queue.get()]
+    def close(self) -> None:
+        """Stop the worker thread once the batch it is sampling is done; requests still queued fail.
+
+        The thread is a daemon, but a process that exits while it is inside torch can abort
+        ("terminate called without an active exception"), so an owner that ends (the trainer on
+        Ctrl-C, a server shutting down) closes the scheduler first."""
+        self._fail_queued()
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._fail_queued()  # anything submitted meanwhile
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not _STOP:
+                _deliver(job, RuntimeError("the sampler was closed"))
+
+    def _take_batch(self) -> list[_Job] | None:
+        first = self._queue.get()
+        if first is _STOP:
+            return None
+        jobs = [first]
         rows = jobs[0].params.n
         deadline = time.monotonic() + self.max_wait_s
         while rows < self.max_batch_rows:
@@ -98,6 +124,9 @@ class BatchScheduler:
                 job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
+            if job is _STOP:
+                self._queue.put(_STOP)  # sample what came before it, then stop
+                break
             jobs.append(job)
             rows += job.params.n
         return jobs
@@ -105,6 +134,8 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             batch = self._take_batch()
+            if batch is None:
+                return
             try:
                 waiting = [j for j in batch if not j.cancelled]
                 self.counters.cancelled_requests += len(batch) - len(waiting)
@@ -143,6 +174,10 @@ class BatchScheduler:
         if adapter is None:
             return self.policy.generate(prompts, params, cancelled=cancelled)
         return self.policy.generate(prompts, params, adapter=adapter, cancelled=cancelled)
+
+
+_STOP = object()
+"""Queued by `close`: the worker thread ends when it takes it."""
 
 
 def _deliver(job: _Job, outcome) -> None:

@@ -54,5 +54,12 @@ class PolicyServer(ThreadedServer):
     """A policy's OpenAI-compatible app; `url` is the base URL for an `openai` client."""
 
     def __init__(self, policy, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None, timeout_s: float = 30.0):
-        super().__init__(create_app(policy), host=host, port=port, advertise=advertise, timeout_s=timeout_s)
+        self.app = create_app(policy)
+        super().__init__(self.app, host=host, port=port, advertise=advertise, timeout_s=timeout_s)
         self.url = self.base_url + "/v1"
+
+    def close(self) -> None:
+        super().close()
+        # the app is this server's own: its sampler thread must not outlive it (see BatchScheduler.close);
+        # an app handed to ThreadedServer stays its owner's to close
+        self.app.state.scheduler.close()

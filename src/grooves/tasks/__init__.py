@@ -7,7 +7,9 @@ instance, or a class/factory called with the run's `task_options`).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from typing import Any, Protocol
 
 from grooves.policy.handle import ModelHandle
@@ -42,28 +44,63 @@ def _builtin(name: str):
     if name.startswith("env:"):
         from grooves.tasks.environment import EnvironmentTask
 
-        return lambda **options: EnvironmentTask(name[4:], **options)
+        return functools.partial(EnvironmentTask, name[4:])
     return None
 
 
 BUILTIN_TASKS = ("capitals", "toy_tokens", "hn_titles", "env:<environment>")
 
 
+class TaskLoadError(ValueError):
+    """A `task` or its options that cannot be used. `option` says where the problem is: None for the
+    task itself (not found, not importable), "" for its options as a whole, else one option's name."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
+
+
 def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
-    """Resolve a run file's `task` setting."""
+    """Resolve a run file's `task` setting; raises `TaskLoadError` (one line) for a task that
+    cannot be imported or built and for options its constructor does not take."""
     options = dict(options or {})
     factory = _builtin(spec)
     if factory is None:
         if ":" not in spec:
-            raise ValueError(f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path")
+            raise TaskLoadError(f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path")
         module_name, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"task {spec!r}: cannot import: {exc}") from exc
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TaskLoadError(f"task {spec!r}: cannot import {module_name}: {exc}") from exc
+        except Exception as exc:  # the module's own code failed while importing; say how, on one line
+            raise TaskLoadError(f"task {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}") from exc
+        if not hasattr(module, attr):
+            raise TaskLoadError(f"task {spec!r}: cannot import: module {module_name} has no attribute {attr!r}")
+        factory = getattr(module, attr)
     is_instance = hasattr(factory, "rollout") and not isinstance(factory, type)
-    task = factory if is_instance else factory(**options)
+    if is_instance and options:
+        raise TaskLoadError(f"task {spec!r} is an instance, which takes no options", option="")
+    task = factory if is_instance else _construct(spec, factory, options)
     for needed in ("scenarios", "rollout"):
         if not hasattr(task, needed):
-            raise ValueError(f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)")
+            raise TaskLoadError(f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)")
     return task
+
+
+def _construct(spec: str, factory, options: dict[str, Any]) -> Task:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C callable): let the call decide
+        params = None
+    if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params):
+        known = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key in options:
+            if key not in known:
+                takes = ", ".join(known) if known else "none"
+                raise TaskLoadError(f"task {spec!r} has no option {key!r}; its options: {takes}", option=key)
+    try:
+        return factory(**options)
+    except (TypeError, ValueError, KeyError, OSError) as exc:  # a bad option value, a missing data file
+        where = "" if options else None
+        raise TaskLoadError(f"task {spec!r} could not be built: {type(exc).__name__}: {exc}", option=where) from exc

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grooves.policy.handle import ModelHandle
-from grooves.tasks import Task, load_task
+from grooves.tasks import Task, TaskLoadError, load_task
 from grooves.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -144,10 +144,27 @@ def train_stream(task: Task, seed: int):
 
 
 def build_task(config: RunConfig) -> Task:
-    """The run's task: its `tasks` mixture if set, else the single `task`."""
+    """The run's task: its `tasks` mixture if set, else the single `task`.
+
+    A task that cannot be imported or built, or an option it does not take, is a `ConfigError`
+    naming the run-file field (`task`, `task_options.<name>`, `tasks.<i>.options.<name>`)."""
     if not config.tasks:
-        return load_task(config.task, config.task_options)
-    return TaskMixture([WeightedTask(e.name or e.task, load_task(e.task, e.options), e.weight) for e in config.tasks])
+        return _load(config.task, config.task_options, "task", "task_options")
+    members = [
+        WeightedTask(e.name or e.task, _load(e.task, e.options, f"tasks.{i}.task", f"tasks.{i}.options"), e.weight)
+        for i, e in enumerate(config.tasks)
+    ]
+    return TaskMixture(members)
+
+
+def _load(spec: str, options: dict[str, Any], field: str, options_field: str) -> Task:
+    from grooves.config import ConfigError
+
+    try:
+        return load_task(spec, options)
+    except TaskLoadError as exc:
+        where = field if exc.option is None else f"{options_field}.{exc.option}" if exc.option else options_field
+        raise ConfigError(f"{where}: {str(exc).removeprefix('task ')}") from None
 
 
 def task_metrics(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

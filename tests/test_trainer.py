@@ -528,3 +528,37 @@ def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_p
     result = subprocess.run([*cmd, "--resume", "--set", f"steps={done + 1}"], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, done + 2))
+
+
+OVERFLOW_TASK = """
+from grooves.tasks.toy import ToyTokensTask
+
+
+class OverflowTask(ToyTokensTask):
+    async def rollout(self, model, scenario):
+        traj = await super().rollout(model, scenario)
+        traj.reward = 3e38 if traj.turns[-1].token_ids[0] % 2 else -3e38  # the loss overflows float32
+        return traj
+"""
+
+
+def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(peaked_model_dir, tmp_path, monkeypatch):
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from grooves.cli import app as cli_app
+
+    (tmp_path / "overflow_task.py").write_text(OVERFLOW_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = _config(
+        peaked_model_dir, tmp_path / "run", steps=2, validation__every=0, optim__on_nonfinite="stop", algorithm__advantage="dr_grpo"
+    )
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["task"], data["task_options"] = "overflow_task:OverflowTask", {"vocab_size": 487, "num_scenarios": 16}
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(tomli_w.dumps(data))
+    result = CliRunner().invoke(cli_app, ["train", str(run_file)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if "not finite" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{run_file}: step 1: loss") and "--resume" in lines[0], result.output

@@ -59,7 +59,7 @@ def train_command(
     from grooves.checkpoint import CheckpointError
     from grooves.models import ModelError
     from grooves.runlog import RunFolderError
-    from grooves.trainer import RunInterrupted, train
+    from grooves.trainer import NonFiniteStep, RunInterrupted, train
 
     try:
         run_dir = train(config, resume=resume, overwrite=overwrite)
@@ -67,7 +67,7 @@ def train_command(
         _fail_lines(run_file, exc, 2)
     except RunFolderError as exc:
         _fail_lines(run_file, exc, 2)
-    except (CheckpointError, ModelError) as exc:
+    except (CheckpointError, ModelError, NonFiniteStep) as exc:
         _fail_lines(run_file, exc, 1)
     except RunInterrupted as exc:
         again = ["grooves", "train", run_file, *[a for item in set_ for a in ("--set", item)]]

@@ -10,7 +10,7 @@ import pytest
 
 from grooves.judge import DEFAULT_RUBRIC, AbsoluteJudge, Criterion, GroupJudge, JudgeError, Rubric
 from grooves.trajectory import Trajectory, TrajectoryGroup
-from test_judge_scripted import ScriptedServer, group_reply, make_client, shown_responses
+from test_judge_scripted import ScriptedServer, group_reply, make_client, shown_responses, sign
 
 QUESTION = {"role": "user", "content": "Name a number."}
 
@@ -82,7 +82,7 @@ def test_malformed_reply_is_repaired_on_one_retry(server, tmp_path, kind):
     assert [s.total for s in judgment.scores] == [0.1, 0.2, 0.3]
     assert len(server.requests) == 2
     repair = server.requests[1]["messages"]
-    assert repair[-2] == {"role": "assistant", "content": bad}
+    assert repair[-2] == {"role": "assistant", "content": sign(bad, server.requests[0])}
     assert error in repair[-1]["content"]
 
 
@@ -96,7 +96,7 @@ def test_malformed_twice_fails_with_judge_error(server, tmp_path, kind):
 
 
 def test_code_fences_and_prose_are_tolerated(server, tmp_path):
-    server.script.append(lambda body: "Here is my judgment:\n```json\n" + fair_judge(body) + "\n```\n")
+    server.script.append(lambda body: "Here is my judgment:\n```json\n" + sign(fair_judge(body), body) + "\n```\n")
     judgment, _ = run(judge_once(server, tmp_path, [conversation("value 0.4"), conversation("value 0.8")]))
     assert [s.total for s in judgment.scores] == [0.4, 0.8]
     assert len(server.requests) == 1
@@ -220,4 +220,4 @@ def test_absolute_mode_scores_one_output_and_repairs(server, tmp_path):
     assert 'needs a "reason" string' in server.requests[1]["messages"][-1]["content"]
     assert again == score
     assert (usage.requests, later.requests, later.cache_hits) == (2, 0, 1)
-    assert usage.prompt_tokens > 0 and usage.completion_tokens == 3 + 5
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == (3 + 2) + (5 + 2)  # "nonce": "..." is 2 words

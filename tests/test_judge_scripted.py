@@ -2,9 +2,14 @@
 
 `ScriptedServer` is a FastAPI app run by uvicorn on 127.0.0.1 in a background thread. It answers
 `/v1/chat/completions` from a script, in order: a string is returned as the assistant's content,
-`Status(500)` is an HTTP error, `Delay(s, text)` answers late (to trigger client timeouts), and a
-callable computes the reply from the request body; `fallback` answers once the script is used up.
-It records every request it receives.
+`Status(500)` is an HTTP error, `Delay(s, text)` answers late (to trigger client timeouts),
+`Body(text)` answers 200 with a raw body that is not a chat completion, and a callable computes
+any of these from the request body; `fallback` answers once the script is used up. It records every
+request it receives and lists `models` at /v1/models.
+
+Like a judge model that follows the requested format, it signs its replies: a reply that is a
+JSON object without a "nonce" gets the request's nonce as its first field. `Verbatim(text)`
+sends a reply exactly as written (what a judge that ignores the format, or echoes, would send).
 Other judge tests import it from here.
 """
 
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from grooves.judge import JudgeClient, JudgeConfig, JudgeError
 
@@ -38,7 +43,42 @@ class Delay:
     text: str
 
 
-Reply = str | Status | Delay | Callable[[dict], str]
+@dataclass
+class Body:
+    """A 200 answer whose body is `text` with `content_type`, not a chat completion."""
+
+    text: str
+    content_type: str = "text/plain"
+
+
+@dataclass
+class Verbatim:
+    """A reply sent exactly as written, not signed with the request's nonce."""
+
+    text: str
+
+
+Reply = str | Status | Delay | Body | Verbatim | Callable[[dict], "Reply"]
+
+_NONCE = re.compile(r'"nonce": "(\w+)"')
+
+
+def nonce_of(body: dict) -> str:
+    """The nonce a judge following the instructions must repeat (from the request's system message)."""
+    match = _NONCE.search(body["messages"][0]["content"])
+    assert match is not None, "the request carries no nonce"
+    return match.group(1)
+
+
+def sign(text: str, body: dict) -> str:
+    """`text` with the request's nonce as first field, when it is one JSON object without one."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if not isinstance(data, dict) or "nonce" in data:
+        return text
+    return json.dumps({"nonce": nonce_of(body), **data})
 
 
 def _words(text: str) -> int:
@@ -51,12 +91,15 @@ class ScriptedServer:
     def __init__(self, script: list[Reply] | None = None) -> None:
         self.script: list[Reply] = list(script or [])
         self.requests: list[dict] = []
-        self.fallback: Callable[[dict], str] | None = None
+        self.fallback: Callable[[dict], Reply] | None = None
         """Answers every request once the script is used up (None: answer 418)."""
         self.in_flight = 0
         self.max_in_flight = 0
+        self.models = ["scripted-judge"]
+        """What /v1/models lists."""
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._complete)
+        self.app.get("/v1/models")(self._models)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
@@ -72,6 +115,9 @@ class ScriptedServer:
         finally:
             self.in_flight -= 1
 
+    async def _models(self):
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models]}
+
     async def _answer(self, request: Request):
         body = await request.json()
         self.requests.append(body)
@@ -80,12 +126,16 @@ class ScriptedServer:
         if not self.script:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=418)
         step = self.script.pop(0)
+        if callable(step):  # computed from the request; it may answer with any kind of step
+            step = step(body)
         if isinstance(step, Status):
             return JSONResponse({"error": {"message": f"scripted {step.code}"}}, status_code=step.code)
+        if isinstance(step, Body):
+            return Response(step.text, media_type=step.content_type)
         if isinstance(step, Delay):
             await asyncio.sleep(step.seconds)
             step = step.text
-        text = step(body) if callable(step) else step
+        text = step.text if isinstance(step, Verbatim) else sign(step, body)
         prompt = sum(_words(m.get("content") or "") for m in body["messages"])
         return {
             "id": f"chatcmpl-{len(self.requests)}",
@@ -129,8 +179,9 @@ def make_client(server: ScriptedServer, tmp_path, sleeps: list[float] | None = N
         if sleeps is not None:
             sleeps.append(seconds)
 
-    cfg = JudgeConfig(base_url=server.base_url, model="scripted-judge", cache_path=tmp_path / "cache.sqlite",
-                      backoff_s=0.01, jitter=0.0, **config)
+    settings = {"base_url": server.base_url, "model": "scripted-judge", "cache_path": tmp_path / "cache.sqlite",
+                "backoff_s": 0.01, "jitter": 0.0} | config
+    cfg = JudgeConfig(**settings)
     return JudgeClient(cfg, sleep=record_sleep)
 
 
@@ -242,3 +293,50 @@ def test_missing_endpoint_settings_name_the_env_vars(monkeypatch, tmp_path):
     monkeypatch.setenv("GROOVES_JUDGE_MODEL", "from-env")
     cfg = JudgeConfig(cache_path=None).resolved()
     assert (cfg.base_url, cfg.model, cfg.api_key) == ("http://127.0.0.1:1/v1", "from-env", "none")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (Body("<html>upstream busy</html>"), "answered with a body that is not a chat completion: '<html>upstream busy</html>'"),
+        (Body("{not json", "application/json"), "answered with a body that is not JSON"),
+        (Body('{"object": "error"}', "application/json"), "answered with a body that is not a chat completion"),
+    ],
+    ids=["text", "broken JSON", "JSON without choices"],
+)
+def test_a_200_that_is_not_a_chat_completion_is_a_judge_error(server, tmp_path, body, message):
+    server.script += [body, "never reached"]
+
+    async def go():
+        client = make_client(server, tmp_path)
+        try:
+            await client.complete([{"role": "user", "content": "hi"}])
+        finally:
+            await client.aclose()
+
+    with pytest.raises(JudgeError) as err:
+        asyncio.run(go())
+    assert message in str(err.value)
+    assert len(server.requests) == 1  # not retried: the endpoint answered, with something else
+
+
+def test_check_finds_the_model_and_names_what_is_served(server, tmp_path):
+    server.models = ["judge-a", "judge-b"]
+
+    async def check(**config):
+        client = make_client(server, tmp_path, **config)
+        try:
+            return await client.check()
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(check(model="judge-b")) == ["judge-a", "judge-b"]
+    with pytest.raises(JudgeError, match=r"does not serve model 'scripted-judge'; it serves: judge-a, judge-b"):
+        asyncio.run(check())
+    root = server.base_url.removesuffix("/v1")
+    with pytest.raises(JudgeError, match=rf"answered 404 \(not found\); OpenAI-compatible servers answer under /v1: "
+                                         rf"try --base-url {re.escape(root)}/v1"):
+        asyncio.run(check(base_url=root))
+    with pytest.raises(JudgeError, match="cannot reach the judge at http://127.0.0.1:9/v1/.*Is the server running"):
+        asyncio.run(check(base_url="http://127.0.0.1:9/v1"))
+    assert server.requests == []  # the check never asks for a completion

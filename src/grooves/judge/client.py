@@ -12,7 +12,11 @@ HTTP; this module adds what a judge inside a training loop needs and the SDK lea
 - a persistent cache (see `cache.py`) addressed by `key(...)`, which the judges use to store
   validated judgments;
 - token usage accumulated per call, read and reset by `take_usage()` so the trainer can log judge
-  tokens per step.
+  tokens per step;
+- `check()`, which asks `/models` whether the endpoint serves the judge model before any judging,
+  so a wrong URL or model is one clear error instead of one failure per item;
+- every way a request can fail, including a 200 whose body is not a chat completion, ends in
+  `JudgeError`, which callers count and survive.
 
 Settings come from `JudgeConfig` (a run file's `[judge]` table or CLI flags), falling back to the
 environment: GROOVES_JUDGE_BASE_URL, GROOVES_JUDGE_API_KEY, GROOVES_JUDGE_MODEL.
@@ -125,6 +129,13 @@ def backoff_delay(attempt: int, base_s: float, max_s: float, jitter: float, u: f
     return min(max_s, base_s * (2.0**attempt)) * (1.0 + jitter * u)
 
 
+def _url_hint(endpoint: str) -> str:
+    """What to try when a path is not found: most OpenAI-compatible servers answer under /v1."""
+    if endpoint.rstrip("/").endswith("/v1"):
+        return ""
+    return f"; OpenAI-compatible servers answer under /v1: try --base-url {endpoint.rstrip('/')}/v1"
+
+
 def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return True
@@ -218,9 +229,12 @@ class JudgeClient:
                     response = await self._openai.chat.completions.create(**request)
             except openai.OpenAIError as exc:
                 if not _is_transient(exc):
-                    raise JudgeError(f"judge request to {self.endpoint} failed: {exc}") from exc
+                    hint = _url_hint(self.endpoint) if isinstance(exc, openai.NotFoundError) else ""
+                    raise JudgeError(f"judge request to {self.endpoint} failed: {exc}{hint}") from exc
                 last = exc
                 continue
+            except ValueError as exc:  # a 200 whose JSON body does not parse (the SDK does not wrap it)
+                raise JudgeError(f"judge endpoint {self.endpoint} answered with a body that is not JSON: {exc}") from exc
             return self._completion(response)
         raise JudgeError(
             f"judge request to {self.endpoint} failed after {self.config.max_retries + 1} attempts: "
@@ -228,13 +242,52 @@ class JudgeClient:
         ) from last
 
     def _completion(self, response: Any) -> Completion:
-        if not response.choices:
-            raise JudgeError(f"judge endpoint {self.endpoint} returned no choices")
-        usage = response.usage
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        """The reply text and token counts; a body that is not a chat completion is a JudgeError.
+
+        The SDK hands back a 200 that is not JSON as a plain string, and JSON of another shape as
+        an object missing its fields, so both are checked here rather than trusted.
+        """
+        snippet = str(response).strip().replace("\n", " ")[:80]
+        not_completion = f"judge endpoint {self.endpoint} answered with a body that is not a chat completion"
+        try:
+            choices = response.choices
+            content = choices[0].message.content if choices else None
+            usage = getattr(response, "usage", None)
+            prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+            completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
+            raise JudgeError(f"{not_completion}: {snippet!r}") from exc
+        if not choices:
+            raise JudgeError(f"{not_completion} (no choices): {snippet!r}")
+        if content is not None and not isinstance(content, str):
+            raise JudgeError(f"judge endpoint {self.endpoint} returned content of type {type(content).__name__}, not text")
         self._count(TokenUsage(prompt_tokens=prompt, completion_tokens=completion))
-        return Completion(response.choices[0].message.content or "", prompt, completion)
+        return Completion(content or "", prompt, completion)
+
+    async def check(self) -> list[str]:
+        """Ask the endpoint's `/models` which models it serves; JudgeError unless `self.model` is one.
+
+        Run before a batch: a server that is down, a base URL without /v1, or a model name the
+        server does not know would otherwise fail every item, one at a time. Returns the names served.
+        """
+        where = f"{self.endpoint.rstrip('/')}/models"
+        try:
+            page = await self._openai.models.list()
+            served = [str(m.id) for m in page.data]
+        except openai.NotFoundError as exc:
+            hint = _url_hint(self.endpoint) or "; if this server lists no models, pass --no-check"
+            raise JudgeError(f"GET {where} answered 404 (not found){hint}") from exc
+        except openai.APIConnectionError as exc:
+            raise JudgeError(f"cannot reach the judge at {self.endpoint}: {exc} Is the server running?") from exc
+        except openai.OpenAIError as exc:
+            raise JudgeError(f"GET {where} failed: {exc}") from exc
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise JudgeError(f"GET {where} did not answer with a model list{_url_hint(self.endpoint)}") from exc
+        if self.model not in served:
+            names = ", ".join(served[:10]) + (f" and {len(served) - 10} more" if len(served) > 10 else "")
+            raise JudgeError(f"the judge endpoint {self.endpoint} does not serve model {self.model!r}; "
+                             f"it serves: {names or 'nothing'}. Pass --model with one of them")
+        return served
 
     async def aclose(self) -> None:
         """Close the cache, and the HTTP client unless it was handed in (its owner closes it)."""

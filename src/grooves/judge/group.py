@@ -24,7 +24,7 @@ from grooves.judge.agreement import mean_abs_diff
 from grooves.judge.ask import ask
 from grooves.judge.cache import cache_key
 from grooves.judge.client import JudgeClient
-from grooves.judge.prompt import group_messages, render_messages, split_shared_context
+from grooves.judge.prompt import group_messages, render_messages, shown_texts, split_shared_context
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score
 from grooves.judge.verdict import ItemVerdict, parse_group
@@ -62,9 +62,11 @@ class GroupJudge:
     async def _judge_in_order(self, context: str, texts: Sequence[str], order: list[int]) -> list[ItemVerdict]:
         """Judge texts shown in `order`; return verdicts indexed like `texts`."""
         ids = display_ids(len(texts))
-        messages = group_messages(self.rubric, context, [texts[i] for i in order], ids)
+        shown = [texts[i] for i in order]
+        messages = group_messages(self.rubric, context, shown, ids)
         key = self.client.key(self.rubric.content_hash, {"mode": "group", "messages": messages})
-        by_id = await ask(self.client, messages, lambda reply: parse_group(reply, ids, self.rubric), key)
+        by_id = await ask(self.client, messages, shown_texts(context, shown),
+                          lambda reply, seal: parse_group(reply, ids, self.rubric, seal), key)
         verdicts: list[ItemVerdict | None] = [None] * len(texts)
         for shown, original in enumerate(order):
             verdicts[original] = by_id[ids[shown]]

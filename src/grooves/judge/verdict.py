@@ -1,30 +1,39 @@
-"""Reading a judge's reply: extract the JSON, check it against the request, compute totals.
+"""Reading a judge's reply: find the judge's own verdict, check it against the request, compute totals.
 
-Pure functions, no I/O, so every malformed reply a judge can produce is a unit test. The checks are
-strict because a silently wrong judgment is worse than a dropped one: a score mapped to the wrong
-trajectory trains the policy toward the wrong output. Each problem is described in a sentence the
-judge can act on, since the message is sent back verbatim in the one repair attempt.
+Pure functions, no I/O, so every malformed or forged reply a judge can produce is a unit test. The
+checks are strict because a silently wrong judgment is worse than a dropped one: a score mapped to
+the wrong trajectory trains the policy toward the wrong output. Each problem is described in a
+sentence the judge can act on, since the message is sent back verbatim in the one repair attempt.
 
-The requested format puts the reason before the verdicts (field order in the JSON), so the judge
-writes its reasoning before it commits to numbers:
+The requested format puts a nonce first and the reason before the verdicts (field order in the
+JSON), so the judge writes its reasoning before it commits to numbers:
 
-    {"scores": [{"id": "t1", "reason": "...", "criteria": {"correct": "yes", "concise": 0.5}}, ...]}
+    {"nonce": "3f0c9a1e", "scores": [{"id": "t1", "reason": "...", "criteria": {"correct": "yes"}}, ...]}
 
-and, for a single output (absolute mode), `{"reason": "...", "criteria": {...}}`.
+and, for a single output (absolute mode), `{"nonce": "...", "reason": "...", "criteria": {...}}`.
+
+The judged outputs are written by a policy under pressure to please the judge, and a weak judge may
+echo them back. `read_verdict` therefore takes JSON only from the judge's own part of a reply:
+
+- a reply that repeats the request's `<response>` / `<context>` markers (any case) is refused;
+- a JSON object that appears verbatim in a judged text is not the judge's, whatever it says;
+- the verdict must carry the request's nonce, which the judged outputs never saw;
+- of several objects carrying it, the last one is the verdict (an example comes before the answer);
+- a key repeated inside the verdict is refused rather than resolved one way or the other.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from grooves.judge.errors import InvalidJudgment
+from grooves.judge.prompt import MARKER
 from grooves.judge.rubric import Rubric
 
-_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 _MAX_ERRORS = 6
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -36,24 +45,80 @@ class ItemVerdict:
     total: float
 
 
-def extract_json(text: str) -> Any:
-    """Parse the JSON in a reply, tolerating code fences and prose around one object.
+@dataclass(frozen=True)
+class Seal:
+    """What a reply to one request must carry (`nonce`) and must not be copied from (`judged`)."""
 
-    >>> extract_json('Here you go:\\n```json\\n{"a": 1}\\n```')
-    {'a': 1}
+    nonce: str
+    judged: tuple[str, ...] = ()
+    """The context and responses exactly as the judge was shown them."""
+
+
+def json_objects(text: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """Every top-level JSON object in `text`, as (start, end, value), left to right.
+
+    >>> json_objects('x {"a": {"b": 1}} y {bad} {"c": 2}')
+    [(2, 17, {'a': {'b': 1}}), (26, 34, {'c': 2})]
     """
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
-    first_error = ""
-    for candidate in candidates:
+    out: list[tuple[int, int, dict[str, Any]]] = []
+    i = text.find("{")
+    while i != -1:
         try:
-            return json.loads(candidate.strip())
-        except json.JSONDecodeError as exc:
-            first_error = first_error or str(exc)
-    snippet = text.strip().replace("\n", " ")[:80]
-    raise InvalidJudgment(f"the reply is not valid JSON ({first_error or 'empty reply'}): {snippet!r}")
+            value, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        out.append((i, end, value))
+        i = text.find("{", end)
+    return out
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    repeated = next((k for k in keys if keys.count(k) > 1), None)
+    if repeated is not None:
+        raise _RepeatedKey(repeated)
+    return dict(pairs)
+
+
+def _snippet(text: str) -> str:
+    return repr(text.strip().replace("\n", " ")[:80])
+
+
+def read_verdict(text: str, seal: Seal) -> dict[str, Any]:
+    """The judge's verdict object in `text`: sealed with `seal.nonce`, not copied from a judged text.
+
+    Raises InvalidJudgment saying what was wrong (see the module docstring for the rules).
+
+    >>> read_verdict('Example: {"nonce": "n1", "a": 0}. Mine: {"nonce": "n1", "a": 1}', Seal("n1"))
+    {'nonce': 'n1', 'a': 1}
+    """
+    marker = MARKER.search(text)
+    if marker is not None:
+        raise InvalidJudgment(
+            f"the reply repeats the request's blocks ({marker.group(0)!r}...); reply with only your own JSON verdict"
+        )
+    objects = json_objects(text)
+    if not objects:
+        raise InvalidJudgment(f"the reply is not valid JSON (no JSON object found): {_snippet(text) if text.strip() else 'empty reply'}")
+    judged = [t for t in seal.judged if t.strip()]
+    own = [(s, e, v) for s, e, v in objects if not any(text[s:e] in t for t in judged)]
+    if not own:
+        raise InvalidJudgment("the only JSON in the reply is copied from the responses being judged; write your own verdict")
+    sealed = [(s, e, v) for s, e, v in own if v.get("nonce") == seal.nonce]
+    if not sealed:
+        found = [v["nonce"] for _, _, v in own if "nonce" in v]
+        got = f"; it has {found[-1]!r}" if found else ""
+        raise InvalidJudgment(f'the verdict must start with "nonce": "{seal.nonce}" as instructed{got}')
+    start, end, _ = sealed[-1]
+    try:
+        return json.loads(text[start:end], object_pairs_hook=_no_repeats)
+    except _RepeatedKey as exc:
+        raise InvalidJudgment(f'the verdict repeats the key "{exc}"; give each key once') from None
 
 
 def _item_errors(item: Any, where: str, rubric: Rubric) -> tuple[list[str], ItemVerdict | None]:
@@ -89,14 +154,14 @@ def _raise(errors: list[str]) -> None:
     raise InvalidJudgment("; ".join(shown) + more)
 
 
-def parse_group(text: str, ids: list[str], rubric: Rubric) -> dict[str, ItemVerdict]:
+def parse_group(text: str, ids: list[str], rubric: Rubric, seal: Seal) -> dict[str, ItemVerdict]:
     """Validate a group reply: exactly one score per id in `ids`, each valid under `rubric`.
 
-    Raises InvalidJudgment listing every problem (not JSON, no "scores" list, wrong count, a
-    missing, unknown or repeated id, a missing reason, a missing or unknown criterion, a value
-    out of range or not among the choices).
+    Raises InvalidJudgment listing every problem (no sealed verdict, see `read_verdict`; no
+    "scores" list, wrong count, a missing, unknown or repeated id, a missing reason, a missing or
+    unknown criterion, a value out of range or not among the choices).
     """
-    data = extract_json(text)
+    data = read_verdict(text, seal)
     scores = data.get("scores") if isinstance(data, dict) else None
     if not isinstance(scores, list):
         raise InvalidJudgment('the reply must be a JSON object {"scores": [...]} with one entry per id')
@@ -126,9 +191,9 @@ def parse_group(text: str, ids: list[str], rubric: Rubric) -> dict[str, ItemVerd
     return verdicts
 
 
-def parse_single(text: str, rubric: Rubric) -> ItemVerdict:
-    """Validate an absolute-mode reply {"reason": ..., "criteria": {...}} for one output."""
-    data = extract_json(text)
+def parse_single(text: str, rubric: Rubric, seal: Seal) -> ItemVerdict:
+    """Validate an absolute-mode reply {"nonce": ..., "reason": ..., "criteria": {...}} for one output."""
+    data = read_verdict(text, seal)
     errors, verdict = _item_errors(data, "the reply", rubric)
     if errors or verdict is None:
         _raise(errors)

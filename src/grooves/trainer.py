@@ -333,9 +333,15 @@ def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, 
 
 
 async def validate(
-    task: Task, handle: ModelHandle, config: RunConfig, step: int, rollout: RolloutFn | None = None
+    task: Task, handle: ModelHandle, config: RunConfig, step: int, rollout: RolloutFn | None = None,
+    score: GroupScorer | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
-    """`rollout` runs each validation rollout (default: the task's own, in this process)."""
+    """`rollout` runs each validation rollout (default: the task's own, in this process).
+
+    `score` is the training run's group scorer: validation rewards come from the same judges and
+    gates as training rewards, so val/reward_mean means what reward_mean means (its metrics, such
+    as judge coverage, are logged under val/ too).
+    """
     scenarios = task.scenarios("validation")[: config.validation.scenarios]
     val_handle = ModelHandle(handle.client, handle.name, config.validation.temperature, 1.0, handle.max_tokens, seed=config.seed + 1)
     groups = await gather(
@@ -343,7 +349,8 @@ async def validate(
         max_failure_fraction=1.0, progress=config.logging.progress, description=f"validation @ {step}",
         seed_key=(step,),
     )  # fmt: skip
-    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/")}, groups
+    scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
+    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
 
 
 async def run(
@@ -421,7 +428,7 @@ async def _run(
     (run_dir / "config.toml").write_text(config_toml)
 
     if state.step == 0:
-        val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout)
+        val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score)
         log.log({"step": 0, **val_metrics})
         log.samples(0, val_groups, name="validation")
 
@@ -458,7 +465,7 @@ async def _run(
             seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
         )  # fmt: skip
         if config.validation.every and step % config.validation.every == 0 or step == config.steps:
-            val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout)
+            val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout, score)
             metrics.update(val_metrics)
             log.samples(step, val_groups, name="validation")
         for observe in observers:  # after validation: the watch compares val/ metrics with the reward

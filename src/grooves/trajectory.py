@@ -178,7 +178,9 @@ async def gather(
     A rollout that raises becomes a trajectory with `error` set (the traceback's last line) and
     reward 0; it is kept for the logs and skipped by training. If more than
     `max_failure_fraction` of all rollouts fail, `TooManyFailures` is raised: a run whose agent
-    code is broken should stop, not train on the survivors.
+    code is broken should stop, not train on the survivors. A rollout whose judge failed (marked
+    `metrics["judge_failed"]` by `rewards.Composite`) is skipped too, but does not count: the
+    agent ran, and its judge did not answer.
 
     If `client` is a `ModelHandle`, rollout k of group g gets `client.for_rollout(*seed_key, g, k)`,
     so its sampling seeds depend on its place in the step, not on scheduling order.
@@ -219,9 +221,10 @@ async def gather(
     finally:
         if bar is not None:
             bar.close()
-    failed = sum(1 for g in groups for t in g.trajectories if t.error is not None)
+    broken = [t for g in groups for t in g.trajectories if t.error is not None and not t.metrics.get("judge_failed")]
+    failed = len(broken)
     if total and failed / total > max_failure_fraction:
-        first = next(t.error for g in groups for t in g.trajectories if t.error)
+        first = broken[0].error
         raise TooManyFailures(
             f"{failed}/{total} rollouts failed (limit {max_failure_fraction:.0%}); first error: {first}"
         )

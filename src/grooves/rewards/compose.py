@@ -14,14 +14,22 @@ asked whether every claim in the output is supported by the input. A gated traje
 signal scores in `rewards` and gets `metrics["reward_gated"] = 1.0`.
 
 When a signal fails for a group (a `JudgeError` after retries and the repair attempt), the group's
-trajectories are marked with `error`, so training skips them; the failure is counted, and the
-step goes on. A code reward that raises marks only its own trajectory.
+trajectories are marked with `error`, so training skips them, and with `metrics["judge_failed"]`,
+so a rollout that scored itself this way is not counted as a broken agent by `gather`; the failure
+is counted, and the step goes on. A code reward that raises marks only its own trajectory.
+
+`score_groups` reports what the judges cost and covered, on every step whatever happened:
+judge_items (trajectories sent to a judge), judge_failures (those whose group was dropped),
+judge_coverage (the scored fraction), judge_seconds (wall time until the last judge answered),
+and the client's request and token counts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -154,6 +162,10 @@ class GroupScore:
     dropped: bool = False
     error: str | None = None
     gated: int = 0
+    judged: int = 0
+    """Trajectories a judge was asked to score (all of `group.ok` when a term is a judge)."""
+    judge_done: float | None = None
+    """perf_counter() when the group's last judge answered (or failed)."""
 
 
 @dataclass
@@ -166,12 +178,22 @@ class StepScores:
     trajectories_failed: int = 0
     signal_means: dict[str, float] = field(default_factory=dict)
     judge_usage: TokenUsage = field(default_factory=TokenUsage)
+    judge_items: int = 0
+    judge_failures: int = 0
+    judge_seconds: float = 0.0
+
+    @property
+    def judge_coverage(self) -> float:
+        """(judge_items - judge_failures) / judge_items; NaN when no judge was asked anything."""
+        return (self.judge_items - self.judge_failures) / self.judge_items if self.judge_items else math.nan
 
     def metrics(self) -> dict[str, float]:
         out = {"reward_groups_dropped": float(self.groups_dropped),
                "reward_trajectories_gated": float(self.trajectories_gated),
                "reward_trajectories_failed": float(self.trajectories_failed)}
         out |= {f"reward_{k}_mean": v for k, v in self.signal_means.items()}
+        out |= {"judge_items": float(self.judge_items), "judge_failures": float(self.judge_failures),
+                "judge_coverage": self.judge_coverage, "judge_seconds": self.judge_seconds}
         return out | self.judge_usage.metrics()
 
 
@@ -187,21 +209,33 @@ class Composite:
             raise ValueError(f"signal names must be unique (they key trajectory.rewards); repeated: {', '.join(dupes)}")
         self.terms = list(terms)
 
-    def _drop(self, group: TrajectoryGroup, name: str, exc: Exception) -> GroupScore:
+    def _drop(self, group: TrajectoryGroup, name: str, exc: Exception, done: float | None) -> GroupScore:
         message = f"reward signal {name!r} failed: {exc}"
-        for traj in group.ok:
+        ok = group.ok
+        for traj in ok:
             traj.error, traj.reward = message, 0.0
-        return GroupScore(dropped=True, error=message)
+            traj.metrics["judge_failed"] = 1.0
+        return GroupScore(dropped=True, error=message, judged=len(ok), judge_done=done)
 
     async def score_group(self, group: TrajectoryGroup) -> GroupScore:
         """Score `group.ok` with every signal, write rewards in place; see the module docstring."""
         ok = group.ok
         if not ok:
             return GroupScore()
-        results = await asyncio.gather(*(t.signal.score_group(group) for t in self.terms), return_exceptions=True)
+        done: list[float] = []
+
+        async def timed(term: Term) -> list[float | SignalError]:
+            try:
+                return await term.signal.score_group(group)
+            finally:
+                if isinstance(term.signal, JudgeSignal):
+                    done.append(time.perf_counter())
+
+        results = await asyncio.gather(*(timed(t) for t in self.terms), return_exceptions=True)
+        last = max(done, default=None)
         for term, res in zip(self.terms, results, strict=True):
             if isinstance(res, JudgeError):
-                return self._drop(group, term.name, res)
+                return self._drop(group, term.name, res, last)
             if isinstance(res, BaseException):
                 raise res
             if len(res) != len(ok):
@@ -220,13 +254,17 @@ class Composite:
             if closed:
                 traj.metadata["gated_by"] = closed
                 gated += 1
-        return GroupScore(gated=gated)
+        return GroupScore(gated=gated, judged=len(ok) if done else 0, judge_done=last)
 
     async def score_groups(self, groups: Sequence[TrajectoryGroup]) -> StepScores:
         """Score one step's groups concurrently; returns the step's reward and judge-cost metrics."""
+        start = time.perf_counter()
         results = await asyncio.gather(*(self.score_group(g) for g in groups))
         stats = StepScores(groups=len(groups), groups_dropped=sum(r.dropped for r in results),
                            trajectories_gated=sum(r.gated for r in results))
+        stats.judge_items = sum(r.judged for r in results)
+        stats.judge_failures = sum(r.judged for r in results if r.dropped)
+        stats.judge_seconds = max((r.judge_done - start for r in results if r.judge_done is not None), default=0.0)
         stats.trajectories_failed = sum(1 for g in groups for t in g.trajectories if t.error is not None)
         for t in self.terms:
             values = [traj.rewards[t.name] for g in groups for traj in g.ok if t.name in traj.rewards]

@@ -56,10 +56,14 @@ def invoke(*args: str):
     return result.output
 
 
+def score_args(server, tmp_path, rubric: str, out: str, *extra: str) -> list[str]:
+    return ["judge", "score", str(tmp_path / "items.jsonl"), "--rubric", str(tmp_path / rubric),
+            "--out", str(tmp_path / out), "--base-url", server.base_url, "--model", "scripted-judge",
+            "--cache", str(tmp_path / "cache.sqlite"), *extra]
+
+
 def score(server, tmp_path, rubric: str, out: str, *extra: str) -> str:
-    return invoke("judge", "score", str(tmp_path / "items.jsonl"), "--rubric", str(tmp_path / rubric),
-                  "--out", str(tmp_path / out), "--base-url", server.base_url, "--model", "scripted-judge",
-                  "--cache", str(tmp_path / "cache.sqlite"), *extra)
+    return invoke(*score_args(server, tmp_path, rubric, out, *extra))
 
 
 def test_score_writes_versioned_records_and_reruns_from_cache(files):
@@ -73,19 +77,28 @@ def test_score_writes_versioned_records_and_reruns_from_cache(files):
     assert [r.score for r in records] == [k / 10 for k in range(10)]
     assert {(r.rubric, r.rubric_version, len(r.rubric_hash), r.judge_model, r.mode) for r in records} == {
         ("numbers", "1", 12, "scripted-judge", "absolute")}
-    assert re.search(r"judge requests\s*│\s*10", out) and re.search(r"mean score\s*│\s*0\.450", out)
+    assert re.search(r"judge requests\s*│\s*10", out) and re.search(r"mean score\s*│\s*0\.450 over 10/10", out)
     assert re.search(r"judge requests\s*│\s*0", again) and re.search(r"cache hits\s*│\s*10", again)
 
 
-def test_failed_judgments_are_recorded_not_fatal(files):
+def test_failed_judgments_are_recorded_and_exit_non_zero_below_min_coverage(files):
     with ScriptedServer() as server:
         server.fallback = lambda body: "garbage" if value_of(body) == 0.3 else judge_v1(body)
-        out = score(server, files, "v1.toml", "s1.jsonl")
+        result = runner.invoke(app, score_args(server, files, "v1.toml", "s1.jsonl"))
         assert len(server.requests) == 11  # one repair attempt for i3
-    records = read_records(files / "s1.jsonl")
-    failed = [r for r in records if r.score is None]
-    assert [r.id for r in failed] == ["i3"] and "still invalid after one repair" in failed[0].error
-    assert re.search(r"failed\s*│\s*1", out)
+        assert result.exit_code == 1
+        out = result.output
+        records = read_records(files / "s1.jsonl")  # written all the same
+        failed = [r for r in records if r.score is None]
+        assert [r.id for r in failed] == ["i3"] and "still invalid after one repair" in failed[0].error
+        assert re.search(r"failed\s*│\s*1", out) and re.search(r"mean score\s*│\s*0\.467 over 9/10", out)
+        assert "9/10 items scored (90%), below --min-coverage 100%" in " ".join(out.split())
+        # a lower threshold accepts the same batch; --retry-failed re-asks only i3
+        server.fallback = judge_v1
+        again = score(server, files, "v1.toml", "s1.jsonl", "--retry-failed", "--min-coverage", "0.9")
+        assert len(server.requests) == 12
+    assert re.search(r"asked again \(--retry-failed\)\s*│\s*1", again)
+    assert [r.score for r in read_records(files / "s1.jsonl")] == [k / 10 for k in range(10)]
 
 
 def mark(files, lines: list[dict]) -> str:
@@ -149,8 +162,9 @@ def test_compare_reports_rubric_and_person_agreement(files):
     assert expected.n == 10 and expected.mean_abs_diff == pytest.approx((0.4 + 0.5) / 10)
     assert f"{expected.pearson:.3f}" in out and f"{expected.spearman:.3f}" in out and "0.090" in out
     # labels: i9 i8 good, i7 bad, i0 bad, i1 good, i2 bad. v1 (score >= 0.5) gets 4 of 6; v2 moved i7 down, i1 up.
-    assert re.search(r"A = numbers@1#\w{12}", out) and re.search(r"B = numbers@2#\w{12}", out)
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"│ ([AB])\s*│\s*6\s*│\s*([\d.]+)", out)}
+    assert re.search(r"A = numbers@1#\w{12}, judge scripted-judge, absolute mode, 10/10 scored", out)
+    assert re.search(r"B = numbers@2#\w{12}, judge scripted-judge, absolute mode, 10/10 scored", out)
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"│ ([AB])\s*│\s*6/6\s*│\s*([\d.]+)", out)}
     assert rows == {"A": "0.667", "B": "1.000"}
     page = (files / "compare.html").read_text()
     assert page.index(">i1<") < page.index(">i3<")  # largest disagreement listed first
@@ -172,10 +186,10 @@ def test_group_mode_scores_a_runs_trajectories_twice_for_position_bias(tmp_path)
         server.fallback = biased
         out = invoke("judge", "score", str(tmp_path / "run.jsonl"), "--rubric", str(tmp_path / "v1.toml"),
                      "--out", str(tmp_path / "s.jsonl"), "--mode", "group", "--twice", "--base-url",
-                     server.base_url, "--model", "m", "--no-cache")
+                     server.base_url, "--model", "scripted-judge", "--no-cache")
         assert len(server.requests) == 4  # two groups, each judged in two orders
     records = read_records(tmp_path / "s.jsonl")
     assert [r.group for r in records] == ["s0"] * 3 + ["s1"] * 3
     assert [r.id for r in records[:3]] == ["s0-0", "s0-1", "s0-2"]
     assert sorted(round(r.position_bias, 6) for r in records[:3]) == [0.0, 0.1, 0.1]
-    assert re.search(r"mean position bias \|A-B\|\s*│\s*0\.067", out)
+    assert re.search(r"mean position bias \|A-B\|\s*│\s*0\.067 over 6/6", out)

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from grooves.checkpoint import CHECKPOINT_PREFIX
-
 DEFAULT_METRIC = "val/success_rate"
 
 
@@ -101,6 +99,9 @@ class AdapterRegistry:
 
     def checkpoints(self) -> list[CheckpointEntry]:
         """Complete checkpoints (those with a state.json and an adapter), oldest first."""
+        # imported here: grooves.checkpoint loads torch, and `grooves judge` must start without it
+        from grooves.checkpoint import CHECKPOINT_PREFIX
+
         folder = self.run_dir / "checkpoints"
         if not folder.is_dir():
             return []

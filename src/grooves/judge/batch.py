@@ -8,13 +8,21 @@ versions can be compared and never confused. A judgment that fails for good beco
 
 In group mode the items of one group are judged side by side: a run's groups as they were
 sampled, and for `{id, input, output}` files the items that share the same input.
+
+A batch never reports success over nothing: `Coverage` (scored items over all items) goes with
+every mean, and after `stop_after` identical failures in a row the remaining items are not sent
+(they are recorded as not judged), because a server that is down or a model name it does not know
+fails every request the same way. Failures are not cached; `to_retry` and `merge` re-ask only
+the failed items of an earlier scores file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +142,29 @@ def _groups(items: Sequence[Item]) -> list[list[Item]]:
     return list(by_key.values())
 
 
+class Breaker:
+    """Stops a batch after `limit` identical failures in a row (0: never stops)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.last: str | None = None
+        self.repeats = 0
+        self.tripped: str | None = None
+        """The repeated error once the limit is reached; nothing is sent after that."""
+
+    def record(self, error: str | None) -> None:
+        if error is None:
+            self.last, self.repeats = None, 0
+            return
+        self.repeats = self.repeats + 1 if error == self.last else 1
+        self.last = error
+        if self.limit and self.repeats >= self.limit and self.tripped is None:
+            self.tripped = error
+
+    def skipped(self) -> str:
+        return f"not judged: stopped after {self.limit} identical failures in a row ({self.tripped})"
+
+
 async def score_items(
     client: JudgeClient,
     rubric: Rubric,
@@ -142,30 +173,93 @@ async def score_items(
     mode: JudgeMode = "absolute",
     judge_twice: bool = False,
     seed: int = 0,
+    stop_after: int = 3,
 ) -> list[ScoreRecord]:
-    """Score every item; records come back in item order."""
+    """Score every item; records come back in item order.
+
+    Items (absolute) or groups (group mode) are started at most `client.config.concurrency` at a
+    time; once `stop_after` of them have failed in a row with the same error, the rest are recorded
+    as not judged instead of being sent.
+    """
     model = client.model
-    if mode == "absolute":
-        judge = AbsoluteJudge(client, rubric)
+    breaker = Breaker(stop_after)
+    gate = asyncio.Semaphore(client.config.concurrency)
+    absolute = AbsoluteJudge(client, rubric)
+    grouped = GroupJudge(client, rubric, seed=seed, judge_twice=judge_twice)
 
-        async def one(item: Item) -> ScoreRecord:
+    async def unit(members: list[Item]) -> list[ScoreRecord]:
+        async with gate:
+            if breaker.tripped is not None:
+                return [_record(m, None, rubric, model, mode, breaker.skipped()) for m in members]
             try:
-                return _record(item, await judge.judge_conversation(item.conversation()), rubric, model, mode, None)
+                if mode == "absolute":
+                    scores = [await absolute.judge_conversation(members[0].conversation())]
+                else:
+                    scores = (await grouped.judge_conversations([m.conversation() for m in members])).scores
             except JudgeError as exc:
-                return _record(item, None, rubric, model, mode, str(exc))
+                breaker.record(str(exc))
+                return [_record(m, None, rubric, model, mode, str(exc)) for m in members]
+            breaker.record(None)
+            return [_record(m, s, rubric, model, mode, None) for m, s in zip(members, scores, strict=True)]
 
-        return list(await asyncio.gather(*(one(i) for i in items)))
-    group_judge = GroupJudge(client, rubric, seed=seed, judge_twice=judge_twice)
-
-    async def group(members: list[Item]) -> list[ScoreRecord]:
-        try:
-            judgment = await group_judge.judge_conversations([m.conversation() for m in members])
-        except JudgeError as exc:
-            return [_record(m, None, rubric, model, mode, str(exc)) for m in members]
-        return [_record(m, s, rubric, model, mode, None) for m, s in zip(members, judgment.scores, strict=True)]
-
-    by_id = {r.id: r for rs in await asyncio.gather(*(group(g) for g in _groups(items))) for r in rs}
+    units = [[i] for i in items] if mode == "absolute" else _groups(items)
+    by_id = {r.id: r for rs in await asyncio.gather(*(unit(u) for u in units)) for r in rs}
     return [by_id[i.id] for i in items]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How many items a mean rests on: `scored` of `total`, and the mean over the scored ones."""
+
+    scored: int
+    total: int
+    mean: float | None
+
+    @classmethod
+    def of(cls, records: Sequence[ScoreRecord]) -> Coverage:
+        scores = [r.score for r in records if r.score is not None]
+        return cls(len(scores), len(records), statistics.fmean(scores) if scores else None)
+
+    @property
+    def fraction(self) -> float:
+        return self.scored / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        """`0.660 over 38/40`, or `- over 0/40` when nothing was scored."""
+        mean = "-" if self.mean is None else f"{self.mean:.3f}"
+        return f"{mean} over {self.scored}/{self.total}"
+
+
+def to_retry(items: Sequence[Item], previous: Sequence[ScoreRecord], mode: JudgeMode) -> list[Item]:
+    """The items to ask again: those without a score in `previous`, with their whole group in group mode."""
+    scored = {r.id for r in previous if r.score is not None}
+    failed = [i for i in items if i.id not in scored]
+    if mode == "absolute":
+        return failed
+    out: list[Item] = []
+    for group in _groups(items):
+        if any(m.id not in scored for m in group):
+            out.extend(group)
+    return out
+
+
+def check_retry(previous: Sequence[ScoreRecord], rubric: Rubric, model: str, mode: JudgeMode, path: Path) -> None:
+    """Refuse to merge new scores into a file scored with another rubric, judge or mode."""
+    for r in previous:
+        mine = (rubric.content_hash, model, mode)
+        theirs = (r.rubric_hash, r.judge_model, r.mode)
+        if theirs != mine:
+            raise ValueError(
+                f"--retry-failed: {path} was scored with rubric #{r.rubric_hash}, judge {r.judge_model!r}, "
+                f"mode {r.mode}; this run is rubric #{rubric.content_hash}, judge {model!r}, mode {mode}. "
+                "Score it again without --retry-failed, or write to another --out"
+            )
+
+
+def merge(items: Sequence[Item], previous: Sequence[ScoreRecord], fresh: Sequence[ScoreRecord]) -> list[ScoreRecord]:
+    """One record per item, in item order: the fresh one where there is one, else the previous one."""
+    by_id = {r.id: r for r in previous} | {r.id: r for r in fresh}
+    return [by_id[i.id] for i in items if i.id in by_id]
 
 
 def read_records(path: str | Path) -> list[ScoreRecord]:

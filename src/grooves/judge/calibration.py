@@ -6,15 +6,21 @@ For each shown item the person marks agree or disagree (with a note). The verdic
 the side it was shown on, which turns it into a label: agreeing with a high score or disagreeing
 with a low one means "good"; the other two mean "bad". Those labels let `compare` say how well any
 later rubric version matches the person, not only how well it matches the previous version.
+
+Judges often give many items the same score. The k shown at each end are then picked among the
+tied items in a seeded order, not by id, and `Ties` says how many tied so the page can say so.
+Items the person has already labelled, and the judge's failures, are always shown as well.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,14 +58,54 @@ def valid(records: Sequence[ScoreRecord]) -> list[ScoreRecord]:
     return [r for r in records if r.score is not None]
 
 
-def extremes(records: Sequence[ScoreRecord], k: int) -> tuple[list[ScoreRecord], list[ScoreRecord]]:
-    """The k highest-scored records (best first) and the k lowest (worst first), never overlapping."""
+def seeded_order(ids: Sequence[str], seed: int) -> dict[str, int]:
+    """A reproducible random rank for each id: how ties are broken (the same seed, the same pick)."""
+    order = sorted(ids)
+    random.Random(f"inspect:{seed}").shuffle(order)
+    return {i: k for k, i in enumerate(order)}
+
+
+def extremes(records: Sequence[ScoreRecord], k: int, seed: int = 0) -> tuple[list[ScoreRecord], list[ScoreRecord]]:
+    """The k highest-scored records (best first) and the k lowest (worst first), never overlapping.
+
+    Equal scores are ordered by `seeded_order`, so a cut through a tie takes a seeded sample of it.
+    """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    ranked = sorted(valid(records), key=lambda r: (-(r.score or 0.0), r.id))
+    scored = valid(records)
+    rank = seeded_order([r.id for r in scored], seed)
+    ranked = sorted(scored, key=lambda r: (-(r.score or 0.0), rank[r.id]))
     top = ranked[:k]
     bottom = [r for r in reversed(ranked[k:])][:k]
     return top, bottom
+
+
+@dataclass(frozen=True)
+class Ties:
+    """At the cut of a shown list: `tied` items share the last shown score, `shown` of them are shown."""
+
+    score: float
+    tied: int
+    shown: int
+
+    def __str__(self) -> str:
+        return (f"{self.tied} items tie at {self.score:.3f}; {self.shown} of them shown, "
+                "picked in a seeded order (--seed)")
+
+
+def ties(shown: Sequence[ScoreRecord], records: Sequence[ScoreRecord]) -> Ties | None:
+    """The tie at the end of `shown`, when it holds more items than were shown; else None."""
+    if not shown or shown[-1].score is None:
+        return None
+    cut = shown[-1].score
+    tied = sum(1 for r in records if r.score == cut)
+    on_show = sum(1 for r in shown if r.score == cut)
+    return Ties(cut, tied, on_show) if tied > on_show else None
+
+
+def labelled(records: Sequence[ScoreRecord], verdicts: dict[str, Verdict], skip: set[str]) -> list[ScoreRecord]:
+    """Records the person has a verdict for, other than those in `skip` (already on the page)."""
+    return [r for r in records if r.id in verdicts and r.id not in skip]
 
 
 def side_of(record: ScoreRecord, records: Sequence[ScoreRecord]) -> Side:
@@ -111,8 +157,26 @@ def read_verdicts(path: str | Path) -> list[Verdict]:
     return read_models(path, Verdict, what="a verdict", missing_ok=True)
 
 
-def append_verdicts(path: str | Path, verdicts: Sequence[Verdict]) -> None:
-    write_models(path, verdicts, append=True)
+def _same(a: Verdict, b: Verdict) -> bool:
+    return (a.id, a.agree, a.note, a.side, a.score, a.rubric_hash) == (b.id, b.agree, b.note, b.side, b.score, b.rubric_hash)
+
+
+def append_verdicts(path: str | Path, verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Append the verdicts that change something; returns them.
+
+    A verdict equal to the latest one kept for its id (same mark, note, side, score and rubric) is
+    not written again, so importing one file twice, or marking an item the same way, adds nothing.
+    """
+    latest = latest_verdicts(read_verdicts(path))
+    new: list[Verdict] = []
+    for v in verdicts:
+        if v.id in latest and _same(latest[v.id], v):
+            continue
+        latest[v.id] = v
+        new.append(v)
+    if new:
+        write_models(path, new, append=True)
+    return new
 
 
 def latest_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Verdict]:
@@ -176,3 +240,10 @@ def rubric_tag(records: Sequence[ScoreRecord]) -> str:
     if len(tags) != 1:
         raise ValueError(f"a scores file must hold one rubric version, found {tags or 'none'}")
     return tags[0]
+
+
+def judge_tag(records: Sequence[ScoreRecord]) -> str:
+    """`judge NAME, MODE mode`: which judge model scored a file, and how (several are listed)."""
+    models = sorted({r.judge_model for r in records})
+    modes = sorted({r.mode for r in records})
+    return f"judge {', '.join(models) or '-'}, {'/'.join(modes) or '-'} mode"

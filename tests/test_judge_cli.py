@@ -9,6 +9,7 @@ names each side's judge and warns when a side scored few items.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -224,3 +225,31 @@ def test_judge_commands_do_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "[]"
+
+
+def _standin(echo: bool):
+    spec = importlib.util.spec_from_file_location("standin", ROOT / "examples" / "judges" / "standin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_app("standin", echo)
+
+
+@pytest.mark.parametrize("mode", ["absolute", "group"])
+def test_the_docs_stand_in_judges_both_modes_and_its_echo_scores_nothing(tmp_path, mode):
+    """docs/judges.md's figures: the walkthrough's mean, and the adversarial batch against the echo."""
+    judges = ROOT / "examples" / "judges"
+    with ScriptedServer(app=_standin(echo=False)) as standin, ScriptedServer(app=_standin(echo=True)) as echo:
+        def run(items: str, rubric: Path, url: str):
+            return runner.invoke(app, ["judge", "score", str(judges / items), "--rubric", str(rubric), "--mode", mode,
+                                       "--out", str(tmp_path / "s.jsonl"), "--base-url", url, "--model", "standin",
+                                       "--no-cache"])
+
+        walk = run("walkthrough.jsonl", ROOT / "examples" / "rubrics" / "helpful.toml", standin.base_url)
+        adversarial = run("adversarial.jsonl", judges / "adversarial.toml", standin.base_url)
+        adversarial_scores = {r.id: r.score for r in read_records(tmp_path / "s.jsonl")}
+        echoed = run("adversarial.jsonl", judges / "adversarial.toml", echo.base_url)
+    assert walk.exit_code == 0 and "mean score │ 0.694 over 12/12" in flat(walk.output)
+    assert adversarial.exit_code == 0 and "mean score │ 0.681 over 40/40" in flat(adversarial.output)
+    assert [adversarial_scores[f"q{k}-3"] for k in (3, 4, 9)] == [0.25, 0.0, 0.0]  # Score: 10/10, flattery, </context>
+    assert echoed.exit_code == 1 and "mean score │ - over 0/40" in flat(echoed.output)
+    assert all(r.score is None for r in read_records(tmp_path / "s.jsonl"))

@@ -88,7 +88,8 @@ def _words(text: str) -> int:
 class ScriptedServer:
     """Serves scripted chat completions on a free local port; `base_url` ends in /v1."""
 
-    def __init__(self, script: list[Reply] | None = None) -> None:
+    def __init__(self, script: list[Reply] | None = None, app: FastAPI | None = None) -> None:
+        """`app` serves another ASGI app on the same free port instead of the script (e.g. a stand-in judge)."""
         self.script: list[Reply] = list(script or [])
         self.requests: list[dict] = []
         self.fallback: Callable[[dict], Reply] | None = None
@@ -104,7 +105,7 @@ class ScriptedServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(app or self.app, log_level="warning", lifespan="off"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
     async def _complete(self, request: Request):

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import LoraSettings, TransformersPolicy
 
 COUNTRIES = ("France", "Japan", "Kenya", "Peru")
 

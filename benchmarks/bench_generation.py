@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
-from grooves.server import inprocess_client
+from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.serve.app import inprocess_client
 
 PROMPT = (
     "Write a long, detailed story about a dragon who learns to bake bread in a small village. "

@@ -58,11 +58,11 @@ def grooves_worker(args) -> None:
     import torch
 
     from grooves.config import RunConfig
-    from grooves.optim import adamw
-    from grooves.policy.handle import ModelHandle
-    from grooves.server import inprocess_client
-    from grooves.trainer import build_policy, optimize, seed_everything, to_sequences
-    from grooves.trajectory import Trajectory, gather
+    from grooves.core.handle import ModelHandle
+    from grooves.core.trajectory import Trajectory, gather
+    from grooves.serve.app import inprocess_client
+    from grooves.train.loop import build_policy, optimize, seed_everything, to_sequences
+    from grooves.train.optim import adamw
 
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate(
@@ -264,7 +264,7 @@ def main() -> None:
         return grooves_worker(args)
 
     from grooves.models import ensure_model
-    from grooves.policy import allocator
+    from grooves.policy.fast import allocator
     from grooves.tasks.capitals import CapitalsTask
 
     args.model = args.model or str(ensure_model())

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from grooves.config import MatmulForms
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import LoraSettings, TransformersPolicy
 
 SETTINGS = get_args(MatmulForms)
 COUNTRIES = ("France", "Japan", "Kenya", "Peru", "Norway", "Egypt", "Chile", "Vietnam", "Germany", "Lebanon", "Canada", "Brazil")

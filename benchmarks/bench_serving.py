@@ -1,6 +1,6 @@
 """Serving latency and throughput: base vs LoRA adapter vs merged, at several concurrencies.
 
-Everything goes through the real path a user hits: `grooves.server` apps under uvicorn on local
+Everything goes through the real path a user hits: `grooves.serve` apps under uvicorn on local
 ports, called with the official `openai` client. Three ways to serve the same SmolLM2-135M:
 
 - base:    the plain model (`model="base"`);
@@ -102,11 +102,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from grooves.adapters.export import export_adapter
-    from grooves.adapters.live import AdapterTable
     from grooves.adapters.registry import resolve_adapter
     from grooves.models import ensure_model
-    from grooves.policy.transformers_policy import TransformersPolicy
-    from grooves.server import create_app
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import create_app
+    from grooves.serve.routing import AdapterTable
 
     torch.set_num_threads(args.threads)
     base = ensure_model()

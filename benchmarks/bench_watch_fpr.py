@@ -19,8 +19,9 @@ import statistics
 import time
 from collections import Counter
 
+from synthetic_runs import EXPECTED_DETECTOR, HACKS, RunShape, synthetic_run
+
 from grooves.watch import Watch, WatchConfig
-from grooves.watch.synthetic import EXPECTED_DETECTOR, HACKS, RunShape, synthetic_run
 
 DETECTORS = ["reward_jump", "collapse", "input_independence", "length_drift", "check_divergence"]
 

@@ -41,10 +41,10 @@ def write_gold(out: Path) -> int:
 
 
 async def _score(policy, split: str, temperature: float, samples: int, seed: int) -> dict[str, float]:
-    from grooves.policy.handle import ModelHandle
-    from grooves.server import inprocess_client
+    from grooves.core.handle import ModelHandle
+    from grooves.core.trajectory import gather
+    from grooves.serve.app import inprocess_client
     from grooves.tasks.capitals import CapitalsTask
-    from grooves.trajectory import gather
 
     task = CapitalsTask()
     client = inprocess_client(policy)
@@ -60,7 +60,7 @@ async def _score(policy, split: str, temperature: float, samples: int, seed: int
 
 
 def evaluate(adapters: dict[str, Path | None], seed: int) -> list[dict]:
-    from grooves.policy.transformers_policy import TransformersPolicy
+    from grooves.policy.transformers import TransformersPolicy
 
     rows = []
     for label, adapter in adapters.items():

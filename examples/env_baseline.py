@@ -19,11 +19,11 @@ import time
 
 import torch
 
+from grooves.core.trajectory import gather
 from grooves.envs import BUILTINS, get_env, make_rollout
 from grooves.models import ensure_model
-from grooves.policy.transformers_policy import TransformersPolicy
-from grooves.server import inprocess_client
-from grooves.trajectory import gather
+from grooves.policy.transformers import TransformersPolicy
+from grooves.serve.app import inprocess_client
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from grooves.models import (
     resolve_model,
     verify_model,
 )
-from grooves.testing import build_tiny_model_dir
+from tiny_models import build_tiny_model_dir
 
 MEMBER = "tiny_pkg/Tiny.F32.gguf"
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from grooves.tasks.hn_titles import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the hn_titles package
+
+from hn_titles import (  # noqa: E402
     expected_log_points,
     generate_stories,
     read_stories,
     train_title_reward_model,
     write_stories,
 )
-from grooves.tasks.hn_titles.task import DEFAULT_CORPUS, DEFAULT_REWARD_MODEL
+from hn_titles.task import DEFAULT_CORPUS, DEFAULT_REWARD_MODEL  # noqa: E402
 
 PROBE_TITLES = [
     "Quill: a tiny database written in Rust",

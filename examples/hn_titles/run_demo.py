@@ -24,19 +24,22 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the hn_titles package
 
-from grooves.config import RunConfig, dump_config, load_config
-from grooves.report.write import write_report
-from grooves.tasks import load_task
-from grooves.tasks.hn_titles import HNTitlesTask, clean_title, expected_log_points
-from grooves.trainer import train
-from grooves.trajectory import TrajectoryGroup
-from grooves.watch import Watch, read_findings
+import torch  # noqa: E402
+
+from grooves.config import RunConfig, dump_config, load_config  # noqa: E402
+from grooves.core.trajectory import TrajectoryGroup  # noqa: E402
+from grooves.report.write import write_report  # noqa: E402
+from grooves.tasks import load_task  # noqa: E402
+from grooves.train.loop import train  # noqa: E402
+from grooves.watch import Watch, read_findings  # noqa: E402
+from hn_titles import HNTitlesTask, clean_title, expected_log_points  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RUN_FILES = {"hn": HERE / "hn.toml", "hn_gated": HERE / "hn_gated.toml"}

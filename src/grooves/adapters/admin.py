@@ -23,7 +23,6 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from grooves.adapters.live import AdapterConflict, AdapterTable, Route, UnknownModel
 from grooves.adapters.promote import NothingToRollBack, Promoter
 from grooves.adapters.registry import (
     DEFAULT_METRIC,
@@ -32,7 +31,8 @@ from grooves.adapters.registry import (
     check_adapter_finite,
     resolve_adapter,
 )
-from grooves.server import APIError
+from grooves.serve.app import APIError
+from grooves.serve.routing import AdapterConflict, AdapterTable, Route, UnknownModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 

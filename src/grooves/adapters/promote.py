@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from grooves.adapters.live import AdapterTable, Route
 from grooves.adapters.registry import DEFAULT_METRIC, AdapterNotFound, AdapterRegistry
+from grooves.serve.routing import AdapterTable, Route
 
 
 class NothingToRollBack(LookupError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from grooves.envs.base import Limits
-from grooves.envs.task import SqliteEnvironment, TaskSpec
+from grooves.envs.sqlite import SqliteEnvironment, TaskSpec
 
 BUILTINS = ("support_desk", "issue_tracker", "flight_booking", "corpus_search")
 
@@ -17,7 +17,7 @@ BUILTINS = ("support_desk", "issue_tracker", "flight_booking", "corpus_search")
 def get_spec(name: str) -> TaskSpec:
     if name not in BUILTINS:
         raise KeyError(f"no environment {name!r}; built-ins are {', '.join(BUILTINS)}")
-    return import_module(f"grooves.envs.{name}").SPEC
+    return import_module(f"grooves.envs.builtin.{name}").SPEC
 
 
 def get_env(name: str, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None) -> SqliteEnvironment:

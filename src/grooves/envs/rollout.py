@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import RolloutFn, Trajectory
 from grooves.envs.base import Environment, Episode, Scenario
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import RolloutFn, Trajectory
 
 
 def _tool_calls(choice: Any) -> list[Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.jsonl import read_models, write_models
 from grooves.judge.absolute import AbsoluteJudge
 from grooves.judge.client import JudgeClient
@@ -36,7 +37,6 @@ from grooves.judge.group import GroupJudge
 from grooves.judge.prompt import conversation_pair
 from grooves.judge.rubric import Rubric
 from grooves.judge.score import JudgeMode, Score
-from grooves.trajectory import Trajectory, TrajectoryGroup
 
 
 class Item(BaseModel):

@@ -150,7 +150,7 @@ Sleep = Callable[[float], Awaitable[Any]]
 class JudgeClient:
     """Chat completions against one judge endpoint, with retries, a limit, a cache and usage counts.
 
-    `openai_client` lets an existing `AsyncOpenAI` carry the requests, e.g. `grooves.server`'s
+    `openai_client` lets an existing `AsyncOpenAI` carry the requests, e.g. `grooves.serve`'s
     `inprocess_client(policy)` for a judge served in this process; the code path is the same.
     Use one client inside one event loop (its semaphore and HTTP pool belong to that loop).
     """

@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.agreement import mean_abs_diff
 from grooves.judge.ask import ask
 from grooves.judge.cache import cache_key
@@ -28,7 +29,6 @@ from grooves.judge.prompt import group_messages, render_messages, shown_texts, s
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score
 from grooves.judge.verdict import ItemVerdict, parse_group
-from grooves.trajectory import TrajectoryGroup
 
 
 def display_ids(n: int) -> list[str]:

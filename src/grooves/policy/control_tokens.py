@@ -15,7 +15,7 @@ system turn of its own. `ControlTextGuard` prevents that:
 Control tokens are the tokenizer's special tokens plus the added tokens the chat template
 writes itself (such as Qwen's `<tool_call>`), the set `transformers` uses for its own
 `sanitize_control_tokens`. That option needs `tokenize=True`; the policy renders text first, to
-splice earlier turns' sampled ids in (see `transformers_policy.render`), so it marks and encodes
+splice earlier turns' sampled ids in (see `TransformersPolicy.render`), so it marks and encodes
 here. Plain-text encoding uses a copy of the tokenizer that always splits special tokens:
 switching one shared tokenizer back and forth would race between threads that render at once.
 """

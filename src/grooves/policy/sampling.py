@@ -7,7 +7,7 @@ times (a GRPO group shares its prompt), and (3) several different requests decod
 The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
 its n samples, then decode one token per step for all rows, dropping finished rows from the cache
 so late steps cost only what is still running. The decode steps of Llama/Qwen2 models run on a
-leaner forward of our own, the same function in fewer ops (`policy/decode.py`).
+leaner forward of our own, the same function in fewer ops (`policy/fast/decode.py`).
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grooves.forward import kept_positions
-from grooves.policy.decode import MatmulPlan, decoder_for
+from grooves.core.forward import kept_positions
+from grooves.policy.fast.decode import MatmulPlan, decoder_for
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
@@ -126,7 +126,7 @@ def sample(
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
-    `fused` decodes Llama-family models with grooves' own lean forward (`policy/decode.py`);
+    `fused` decodes Llama-family models with grooves' own lean forward (`policy/fast/decode.py`);
     False (or another model type) runs every decode step through the model's own forward.
     `plan` (kept by the caller across batches) picks that forward's matmul form per row count.
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grooves.config.watch import WatchConfig
+from grooves.core.trajectory import TrajectoryGroup, read_groups
 from grooves.jsonl import read_jsonl
-from grooves.trajectory import TrajectoryGroup, read_groups
-from grooves.watch.config import WatchConfig
 from grooves.watch.core import Watch
 from grooves.watch.finding import Finding, read_findings
 

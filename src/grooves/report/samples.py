@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from grooves.trajectory import TrajectoryGroup
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.watch.view import scenario_text
 
 

@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.judge.client import JudgeClient, TokenUsage
 from grooves.judge.errors import JudgeError
 from grooves.judge.score import Judge
 from grooves.rewards.model import RewardModel
-from grooves.trajectory import Trajectory, TrajectoryGroup
 
 RewardFn = Callable[[Trajectory, dict[str, Any]], float]
 """`reward(trajectory, scenario) -> float` (may also be `async def`)."""

@@ -24,11 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import load_file, save_file
 
+from grooves.core.trajectory import Trajectory
 from grooves.judge.agreement import mean_abs_diff, pearson, spearman
 from grooves.judge.prompt import conversation_pair
 from grooves.rewards.encoders import Encoder, Pair, encoder_from_spec
 from grooves.rewards.heads import Head, head_from_saved
-from grooves.trajectory import Trajectory
 
 FORMAT = 1
 

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from grooves.server import create_app
+from grooves.serve.app import create_app
 
 
 class ThreadedServer:

@@ -31,9 +31,9 @@ from typing import Any
 
 import ray
 
-from grooves.policy.handle import ModelHandle
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import RolloutFn, Trajectory
 from grooves.scale.policy_server import PolicyServer
-from grooves.trajectory import RolloutFn, Trajectory
 
 
 @ray.remote

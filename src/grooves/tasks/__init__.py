@@ -12,8 +12,8 @@ import importlib
 import inspect
 from typing import Any, Protocol
 
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 
 
 class Task(Protocol):
@@ -37,10 +37,6 @@ def _builtin(name: str):
         from grooves.tasks.toy import ToyTokensTask
 
         return ToyTokensTask
-    if name == "hn_titles":
-        from grooves.tasks.hn_titles import HNTitlesTask
-
-        return HNTitlesTask
     if name.startswith("env:"):
         from grooves.tasks.environment import EnvironmentTask
 
@@ -48,7 +44,7 @@ def _builtin(name: str):
     return None
 
 
-BUILTIN_TASKS = ("capitals", "toy_tokens", "hn_titles", "env:<environment>")
+BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
 
 class TaskLoadError(ValueError):

@@ -18,8 +18,8 @@ import random
 import re
 from typing import Any
 
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 
 CAPITALS = {
     "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Germany": "Berlin", "Spain": "Madrid",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 from grooves.envs import get_env
 from grooves.envs.rollout import run_episode
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
 
 
 class EnvironmentTask:

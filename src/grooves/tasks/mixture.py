@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from grooves.policy.handle import ModelHandle
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.tasks import Task, TaskLoadError, load_task
-from grooves.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from grooves.config import RunConfig
@@ -96,7 +96,7 @@ class MixtureStream:
     """
 
     def __init__(self, mixture: TaskMixture, seed: int, position: int = 0):
-        from grooves.trainer import ScenarioStream  # imported here: the trainer imports this module
+        from grooves.train.loop import ScenarioStream  # imported here: the trainer imports this module
 
         self.mixture = mixture
         self.seed = seed
@@ -138,7 +138,7 @@ def train_stream(task: Task, seed: int):
     """The training-scenario stream of a task: a `MixtureStream` for a mixture, else a `ScenarioStream`."""
     if isinstance(task, TaskMixture):
         return task.stream(seed)
-    from grooves.trainer import ScenarioStream
+    from grooves.train.loop import ScenarioStream
 
     return ScenarioStream(task.scenarios("train"), seed)
 

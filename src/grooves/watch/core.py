@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from grooves.config.watch import WatchConfig
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.jsonl import read_jsonl, write_jsonl, write_models
-from grooves.trajectory import TrajectoryGroup
-from grooves.watch.config import WatchConfig
 from grooves.watch.finding import Finding, at_least, read_findings, write_findings
 from grooves.watch.interfaces import Detector, EmbedFn, RescoreFn
 from grooves.watch.metric_detectors import CheckDivergence, LengthDrift, RewardJump

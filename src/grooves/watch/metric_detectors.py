@@ -12,7 +12,7 @@ from fnmatch import fnmatch
 
 import numpy as np
 
-from grooves.watch.config import CheckDivergenceConfig, LengthDriftConfig, RewardJumpConfig
+from grooves.config.watch import CheckDivergenceConfig, LengthDriftConfig, RewardJumpConfig
 from grooves.watch.finding import Finding
 from grooves.watch.interfaces import Observation
 from grooves.watch.stats import linear_trend, pearson, robust_z

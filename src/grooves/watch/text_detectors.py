@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grooves.trajectory import Trajectory
-from grooves.watch.config import CollapseConfig, InputIndependenceConfig
+from grooves.config.watch import CollapseConfig, InputIndependenceConfig
+from grooves.core.trajectory import Trajectory
 from grooves.watch.finding import Finding
 from grooves.watch.interfaces import EmbedFn, Observation, RescoreFn
 from grooves.watch.text import cross_pairs, duplicate_rate, grounding, mean_cosine, mean_ngram_jaccard

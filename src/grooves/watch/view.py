@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from grooves.trajectory import Trajectory, TrajectoryGroup
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.watch.stats import finite
 
 

@@ -1,0 +1,1 @@
+"""CPU speed paths of the transformers policy."""

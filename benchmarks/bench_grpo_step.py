@@ -58,11 +58,14 @@ def grooves_worker(args) -> None:
     import torch
 
     from grooves.config import RunConfig
+    from grooves.core.gather import gather
     from grooves.core.handle import ModelHandle
-    from grooves.core.trajectory import Trajectory, gather
+    from grooves.core.trajectory import Trajectory
     from grooves.serve.app import inprocess_client
-    from grooves.train.loop import build_policy, optimize, seed_everything, to_sequences
+    from grooves.train.checkpoint import seed_everything
+    from grooves.train.loop import build_policy
     from grooves.train.optim import adamw
+    from grooves.train.step import optimize, to_sequences
 
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate(

@@ -41,8 +41,8 @@ def write_gold(out: Path) -> int:
 
 
 async def _score(policy, split: str, temperature: float, samples: int, seed: int) -> dict[str, float]:
+    from grooves.core.gather import gather
     from grooves.core.handle import ModelHandle
-    from grooves.core.trajectory import gather
     from grooves.serve.app import inprocess_client
     from grooves.tasks.capitals import CapitalsTask
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from grooves.core.trajectory import gather
+from grooves.core.gather import gather
 from grooves.envs import BUILTINS, get_env, make_rollout
 from grooves.models import ensure_model
 from grooves.policy.transformers import TransformersPolicy

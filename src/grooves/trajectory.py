@@ -1,14 +1,6 @@
-"""Moved to `grooves.core.trajectory`; kept for compatibility."""
+"""Moved to `grooves.core.gather`, `grooves.core.trajectory`; kept for compatibility."""
 
-from grooves.core.trajectory import (
-    RolloutFn,
-    SampledTurn,
-    TooManyFailures,
-    Trajectory,
-    TrajectoryGroup,
-    gather,
-    read_groups,
-    write_jsonl,
-)
+from grooves.core.gather import RolloutFn, TooManyFailures, gather
+from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup, read_groups, write_jsonl
 
 __all__ = ["RolloutFn", "SampledTurn", "TooManyFailures", "Trajectory", "TrajectoryGroup", "gather", "read_groups", "write_jsonl"]

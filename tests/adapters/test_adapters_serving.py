@@ -11,6 +11,7 @@ from adapters_support import make_adapter
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from grooves.adapters.admin import mount_admin
 from grooves.adapters.promote import Promoter, watch_run
 from grooves.cli import app as cli_app
 from grooves.cli.adapters import parse_adapter_options
@@ -89,9 +90,22 @@ def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters)
     assert min(abs(x - y) for i, x in enumerate(scores) for y in scores[i + 1 :]) > 0.1
 
 
+def _admin_app(policy, **options):
+    """An app with the /v1/adapters endpoints, as `grooves serve` builds it."""
+    app = create_app(policy, **options)
+    mount_admin(app)
+    return app
+
+
+def test_the_admin_endpoints_are_mounted_only_when_asked(peaked_model_dir):
+    policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
+    assert TestClient(create_app(policy)).get("/v1/adapters").status_code == 404  # e.g. the trainer's own app
+    assert [r["name"] for r in TestClient(_admin_app(policy)).get("/v1/adapters").json()["data"]] == ["tiny"]
+
+
 def test_load_and_unload_at_run_time(peaked_model_dir, adapters):
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
-    app = create_app(policy)
+    app = _admin_app(policy)
     http = TestClient(app)
     body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
     assert http.post("/v1/chat/completions", json=body).status_code == 404
@@ -120,7 +134,7 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
     table = AdapterTable(policy)
     first = table.add("prod", adapters["a"])
-    app = create_app(policy, adapters=table)
+    app = _admin_app(policy, adapters=table)
     n_requests = 48
 
     async def go():
@@ -233,7 +247,7 @@ def test_an_adapter_with_nan_weights_is_refused(peaked_model_dir, adapters, tmp_
     bad = tmp_path / "diverged"
     shutil.copytree(adapters["a"], bad)
     poison_adapter(bad)
-    app = create_app(TransformersPolicy(str(peaked_model_dir), served_name="tiny"))
+    app = _admin_app(TransformersPolicy(str(peaked_model_dir), served_name="tiny"))
     http = TestClient(app)
     answer = http.post("/v1/adapters", json={"name": "d", "path": str(bad)})
     assert answer.status_code == 400

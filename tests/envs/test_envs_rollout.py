@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion
 
-from grooves.core.trajectory import gather
+from grooves.core.gather import gather
 from grooves.envs import get_env, make_rollout, run_episode
 from grooves.envs.builtin.answers import money
 

@@ -14,8 +14,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from grooves.config import parse_config  # noqa: E402
+from grooves.core.gather import gather  # noqa: E402
 from grooves.core.handle import ModelHandle  # noqa: E402
-from grooves.core.trajectory import Trajectory, gather  # noqa: E402
+from grooves.core.trajectory import Trajectory  # noqa: E402
 from grooves.policy.transformers import TransformersPolicy  # noqa: E402
 from grooves.scale import LocalRollouts, start_rollouts  # noqa: E402
 from grooves.scale.policy_server import PolicyServer  # noqa: E402

@@ -11,7 +11,8 @@ import pytest
 from grooves.config import ConfigError, parse_config
 from grooves.core.trajectory import Trajectory
 from grooves.tasks.mixture import TASK_KEY, TaskMixture, WeightedTask
-from grooves.train.loop import ScenarioStream, train
+from grooves.train.data import MixtureStream, ScenarioStream
+from grooves.train.loop import train
 
 
 class ListTask:
@@ -38,7 +39,7 @@ def _chi_square(counts: Counter, probs: dict[str, float], total: int) -> float:
 
 def test_draws_follow_the_weights():
     weights = {"a": 0.5, "b": 0.3, "c": 0.2}
-    stream = _mixture(weights).stream(seed=3)
+    stream = MixtureStream(_mixture(weights), seed=3)
     total = 6000
     counts = Counter(s[TASK_KEY] for _, s in stream.take(total))
     # chi-square with 2 degrees of freedom: P(X > 16.3) = 0.0003 for a correct sampler
@@ -49,7 +50,7 @@ def test_draws_follow_the_weights():
 
 def test_each_task_keeps_its_own_epoch_order():
     mixture = _mixture({"a": 2.0, "b": 1.0})
-    picked = mixture.stream(seed=5).take(60)
+    picked = MixtureStream(mixture, seed=5).take(60)
     for member in mixture.members:
         mine = [s["i"] for _, s in picked if s[TASK_KEY] == member.name]
         alone = [s["i"] for _, s in ScenarioStream(member.task.scenarios("train"), 5).take(len(mine))]
@@ -59,10 +60,10 @@ def test_each_task_keeps_its_own_epoch_order():
 @pytest.mark.parametrize("cut", [0, 1, 7, 23])
 def test_stream_resumes_from_its_position(cut):
     mixture = _mixture({"a": 0.7, "b": 0.3})
-    full = mixture.stream(seed=11).take(40)
-    first = mixture.stream(seed=11)
+    full = MixtureStream(mixture, seed=11).take(40)
+    first = MixtureStream(mixture, seed=11)
     first.take(cut)
-    resumed = mixture.stream(seed=11, position=first.position)
+    resumed = MixtureStream(mixture, seed=11, position=first.position)
     assert first.position == cut
     assert resumed.take(40 - cut) == full[cut:]
 
@@ -76,7 +77,7 @@ def test_validation_interleaves_tasks():
 
 def test_rollout_goes_to_the_scenarios_task():
     mixture = TaskMixture([WeightedTask("a", ListTask("a", 3), 1.0), WeightedTask("bb", ListTask("bb", 3), 1.0)])
-    (_, scenario), = [(i, s) for i, s in mixture.stream(seed=0).take(8) if s[TASK_KEY] == "bb"][:1]
+    (_, scenario), = [(i, s) for i, s in MixtureStream(mixture, seed=0).take(8) if s[TASK_KEY] == "bb"][:1]
     traj = asyncio.run(mixture.rollout(None, scenario))
     assert traj.reward == 2.0 and traj.metadata["task"] == "bb"
     assert traj.metadata["seen"] == {"i": scenario["i"]}  # the member sees its own scenario, untagged

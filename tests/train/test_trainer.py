@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from grooves.config import parse_config
-from grooves.train.loop import ScenarioStream, train
+from grooves.train.data import ScenarioStream
+from grooves.train.loop import train
 from grooves.watch.finding import read_findings
 
 
@@ -219,7 +220,7 @@ def _update(policy, seqs, config, stale_grad: float | None = None) -> tuple[dict
     """(parameter change, stats) of one `optimize` with SGD at lr 1 and no clipping: the change is -gradient."""
     import torch
 
-    from grooves.train.loop import optimize
+    from grooves.train.step import optimize
 
     before = _trainable(policy)
     params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -290,7 +291,7 @@ def test_shared_prefix_trains_sampled_tokens_that_begin_alike(policy, peaked_mod
     (Advantages that sum to zero in a group would hide a lost token's policy gradient, as every
     member has the same gradient there; the KL term has no such cancellation.)
     """
-    from grooves.train.loop import micro_batches
+    from grooves.core.batching import micro_batches
 
     eps = {"algorithm__eps_low": 3e-4, "algorithm__eps_high": 4e-4} if loss == "gspo" else {}
     over = dict(algorithm__loss=loss, algorithm__aggregation=aggregation, algorithm__kl_beta=kl_beta, optim__grad_clip=1e9, **eps)
@@ -333,7 +334,7 @@ def test_optimize_starts_from_zeroed_gradients(policy, peaked_model_dir, tmp_pat
 def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peaked_model_dir, tmp_path):
     """Dr. GRPO: sum of token losses / (groups_per_step x group_size x max_tokens), a dropped group included."""
     from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
-    from grooves.train.loop import optimize, to_sequences
+    from grooves.train.step import optimize, to_sequences
 
     prompt = [1, 30, 31, 32, 2]
 
@@ -370,7 +371,7 @@ def test_turns_are_trained_at_the_temperature_they_were_sampled_at(policy, peake
     from grooves.core.handle import ModelHandle
     from grooves.core.trajectory import Trajectory, TrajectoryGroup
     from grooves.serve.app import inprocess_client
-    from grooves.train.loop import optimize, to_sequences
+    from grooves.train.step import optimize, to_sequences
 
     async def rollouts():
         client = inprocess_client(policy)
@@ -434,7 +435,7 @@ def test_a_nonfinite_step_is_skipped_by_default(peaked_model_dir, tmp_path, caps
 
 
 def test_a_nonfinite_step_stops_the_run_when_asked(peaked_model_dir, tmp_path):
-    from grooves.train.loop import NonFiniteStep
+    from grooves.train.step import NonFiniteStep
 
     over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "algorithm__advantage": "dr_grpo"}
     run_dir = tmp_path / "run"

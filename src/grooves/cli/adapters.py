@@ -1,4 +1,4 @@
-"""Commands for adapters after (or beside) training: export, weights diff, list, promote, SFT.
+"""Commands for adapters after (or beside) training: export, weights diff, list, promote.
 
     grooves export SOURCE --out DIR          merged Hugging Face model + peft adapter
     grooves weights diff A [B]               per-layer ||dW|| / ||W|| of one or two adapters
@@ -6,7 +6,6 @@
     grooves adapters promote NAME SOURCE     make a running server answer NAME with SOURCE
     grooves adapters rollback NAME           undo the last promotion of NAME
     grooves adapters watch RUN_DIR --name N  promote each new best checkpoint of a run (continual)
-    grooves sft [RUN_FILE] [--data FILE]     train a LoRA on example chats
 
 SOURCE is an adapter folder, a checkpoint folder, or a run folder (with `--select latest|best|STEP`).
 torch and transformers are imported inside the commands, so `grooves --help` stays fast.
@@ -183,37 +182,6 @@ def list_command(
     console.print(table)
     if best is None:
         console.print(f"no kept checkpoint has {metric}; `--select best` will fail for this run", highlight=False)
-
-
-def sft_command(
-    run_file: Path | None = typer.Argument(None, help="An SFT run file (TOML); or give --data and options."),
-    data: str | None = typer.Option(None, "--data", help="JSONL of chats ({\"messages\": [...]} per line)."),
-    model: str | None = typer.Option(None, "--model", help="Base model (default smollm2-135m)."),
-    output_dir: str | None = typer.Option(None, "--output-dir", "-o", help="Run folder."),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps (default: one epoch)."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
-    set_: list[str] = typer.Option([], "--set", help="Override a field: --set batch_size=16 (value parsed as TOML)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
-) -> None:
-    """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
-    from grooves.config import ConfigError, parse_overrides
-    from grooves.train.sft import ChatError, load_sft_config, sft
-
-    try:
-        overrides = parse_overrides(set_)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--set") from None
-    named = {"data": data, "model.base_model": model, "output_dir": output_dir, "steps": steps, "optim.lr": lr}
-    overrides.update({k: v for k, v in named.items() if v is not None})
-    try:
-        config = load_sft_config(run_file, overrides)
-    except ConfigError as exc:
-        raise _fail(f"in {run_file or 'the options'}:\n{exc}", code=2) from None
-    try:
-        run_dir = sft(config, resume=resume)
-    except (ChatError, FileNotFoundError) as exc:
-        raise _fail(str(exc), code=2) from exc
-    console.print(f"run folder: {run_dir}", highlight=False)
 
 
 @adapters_app.command("promote")

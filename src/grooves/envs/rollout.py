@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from grooves.core.gather import RolloutFn
 from grooves.core.handle import ModelHandle
-from grooves.core.trajectory import RolloutFn, Trajectory
+from grooves.core.trajectory import Trajectory
 from grooves.envs.base import Environment, Episode, Scenario
 
 
@@ -92,11 +93,13 @@ def make_rollout(
     temperature: float = 1.0,
     max_tokens: int = 512,
 ) -> RolloutFn:
-    """`async def rollout(client, scenario) -> Trajectory` for `trajectory.gather` and the trainer."""
+    """`async def rollout(model, scenario) -> Trajectory` for `gather` and the trainer; `model` (the
+    make_rollout argument) names the served model when a rollout is handed a plain client."""
+    name = model
 
-    async def rollout(client: Any, scenario: dict[str, Any]) -> Trajectory:
+    async def rollout(model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         return await run_episode(
-            client, env, scenario, model=model, max_turns=max_turns, temperature=temperature, max_tokens=max_tokens
+            model, env, scenario, model=name, max_turns=max_turns, temperature=temperature, max_tokens=max_tokens
         )
 
     return rollout

@@ -31,8 +31,9 @@ from typing import Any
 
 import ray
 
+from grooves.core.gather import RolloutFn
 from grooves.core.handle import ModelHandle
-from grooves.core.trajectory import RolloutFn, Trajectory
+from grooves.core.trajectory import Trajectory
 from grooves.scale.policy_server import PolicyServer
 
 

@@ -12,195 +12,40 @@ official `openai` client. Each choice also carries the fields training needs, wh
   promotion of its name);
 - `adapter_id`: which loaded adapter produced it (null: the policy's own weights).
 
-One server can serve several LoRA adapters on one base model: `/v1/models` lists every name, the
-request's `model` picks one, and `/v1/adapters` (see `grooves.adapters.admin`) loads, unloads,
-promotes and rolls them back at run time (`grooves.adapters.live` keeps swaps atomic).
+One server can serve several LoRA adapters on one base model: `/v1/models` lists every name and
+the request's `model` picks one (`serve.routing` keeps swaps atomic). The `/v1/adapters`
+endpoints that load, unload, promote and roll them back at run time are
+`grooves.adapters.admin.mount_admin(app)`, mounted by whoever serves the app to adapter
+operators (`grooves serve` does, unless `--no-admin`); an app from `create_app` alone has none.
 
 `inprocess_client(policy)` gives an `openai.AsyncOpenAI` that reaches this app over an in-memory
 ASGI transport: the trainer and tests use the same code path as a remote agent, without a port.
 
-Bad input is a 4xx with an OpenAI-style JSON error body naming the parameter, never a 500 with a
-traceback; input the server cannot honour (an image part, `response_format`, a forced
-`tool_choice`) is refused the same way rather than dropped. Limits (see docs/serving.md): the
-request body (`max_body_bytes`, 413), the largest `n`, and the tokens one request may ask the
-sampler for (`n x max_tokens` at most `max_request_tokens`). Prompts are rendered and tokenized on
-a worker thread, so a long one does not stall the event loop. A failure while sampling fails only
-the request that caused it (a JSON 500 that leaves the connection open), and a request whose
-client disconnects is withdrawn from the sampler at its next decode step.
+Bad input is a 4xx with an OpenAI-style JSON error body naming the parameter (`serve.errors`),
+never a 500 with a traceback; input the server cannot honour (an image part, `response_format`,
+a forced `tool_choice`) is refused the same way rather than dropped. Limits (see
+docs/serving.md): the request body (`max_body_bytes`, 413), the largest `n`, and the tokens one
+request may ask the sampler for (`n x max_tokens` at most `max_request_tokens`). The endpoints
+are in `serve.chat`, the request and response shapes in `serve.schemas`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import re
-import time
-import uuid
-from typing import Annotated, Any, Literal
-
-import jsonschema
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from grooves.asgi import BodyLimit, ServerErrors
 from grooves.policy.batching import BatchScheduler
-from grooves.policy.sampling import SEED_MAX, SEED_MIN, SamplingParams
-from grooves.policy.transformers import ContextOverflow
-from grooves.serve.routing import AdapterTable, UnknownModel
-
-log = logging.getLogger("grooves.server")
-
-_FN_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+from grooves.serve.chat import chat_router
+from grooves.serve.errors import APIError, error_body
+from grooves.serve.routing import AdapterTable
 
 MAX_BODY_BYTES = 8 * 2**20
 """Default request body cap: a context of 128k tokens is about 0.5 MB of text."""
 MAX_REQUEST_TOKENS = 65_536
 """Default cap on `n x max_tokens` for one request (64 x 1024), so one request cannot hold the
 sampler for minutes while every other request waits behind it."""
-
-StrictFloat = Annotated[float, Field(strict=True)]
-"""A JSON number; `true` is refused instead of read as 1."""
-
-
-class APIError(Exception):
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-
-def _error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None):
-    """OpenAI's error shape; `kind` is its `type` field."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCall(BaseModel):
-    """An assistant message's earlier tool call, as the client sends it back."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content_shape(cls, v):
-        # checked by hand so the error names `content`, not one member of the union
-        if v is None or isinstance(v, str):
-            return v
-        if isinstance(v, list) and all(isinstance(p, dict) for p in v):
-            return v
-        raise ValueError("content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null")
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
-    messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    n: StrictInt = Field(default=1, ge=1)
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=0)
-    stream: StrictBool = False
-    # accepted only at the values that change nothing (see `refuse_unsupported`)
-    response_format: dict[str, Any] | None = None
-    logit_bias: dict[str, Any] | None = None
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, v):
-        return [v] if isinstance(v, str) else v
-
-
-def validate_tools(tools: list[dict[str, Any]] | None) -> None:
-    """OpenAI function tools: a name matching [a-zA-Z0-9_-]{1,64} and a JSON-schema `parameters`."""
-    for i, tool in enumerate(tools or []):
-        where = f"tools[{i}]"
-        if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise APIError(400, f"{where}: expected {{'type': 'function', 'function': {{...}}}}", param=where)
-        fn = tool["function"]
-        if not isinstance(fn.get("name"), str) or not _FN_NAME.match(fn["name"]):
-            raise APIError(400, f"{where}.function.name must match [a-zA-Z0-9_-]{{1,64}}", param=f"{where}.function.name")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        try:
-            jsonschema.Draft202012Validator.check_schema(params)
-        except jsonschema.SchemaError as exc:
-            raise APIError(
-                400, f"{where}.function.parameters is not a valid JSON schema: {exc.message}", param=f"{where}.function.parameters"
-            ) from exc
-        if not isinstance(params, dict) or params.get("type", "object") != "object":  # `true` is a valid schema too
-            raise APIError(400, f"{where}.function.parameters must be an object schema", param=f"{where}.function.parameters")
-
-
-def check_content(messages: list[Message]) -> None:
-    """Only text reaches a text model: an image, audio or file part is refused, not silently dropped."""
-    for i, m in enumerate(messages):
-        if not isinstance(m.content, list):
-            continue
-        for j, part in enumerate(m.content):
-            where = f"messages[{i}].content[{j}]"
-            if part.get("type") != "text":
-                raise APIError(
-                    400, f"{where}.type is {part.get('type')!r}: this server serves a text-only model and takes "
-                    "only {'type': 'text', 'text': '...'} parts", f"{where}.type",
-                )
-            if not isinstance(part.get("text"), str):
-                raise APIError(400, f"{where}.text must be a string", f"{where}.text")
-
-
-def refuse_unsupported(req: ChatRequest) -> None:
-    """Parameters the sampler cannot honour are a 400 at any value that would change the output."""
-    if req.stream:
-        raise APIError(400, "stream=true is not supported; request without streaming", "stream")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise APIError(400, f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'", "tool_choice")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise APIError(400, "response_format other than {'type': 'text'} is not supported", "response_format")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0):
-            raise APIError(400, f"{name} is not supported; leave it at 0", name)
-
-
-def _logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-    content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        tok = tokenizer.convert_ids_to_tokens(tid)
-        text = tokenizer.decode([tid])
-        content.append({"token": tok, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-    return {"content": content}
 
 
 def create_app(
@@ -209,37 +54,31 @@ def create_app(
     max_n: int = 64,
     max_batch_rows: int = 64,
     adapters: AdapterTable | None = None,
-    admin: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
 ) -> FastAPI:
     """The HTTP app. `policy` is a `TransformersPolicy` (or anything with its interface).
 
-    `adapters` routes model names to adapters (default: the policy's own name only); `admin`
-    mounts the /v1/adapters endpoints that change them. `max_body_bytes` caps a request body
-    (413); `max_request_tokens` caps `n x max_tokens` of one request (400; None: no cap).
+    `adapters` routes model names to adapters (default: the policy's own name only).
+    `max_body_bytes` caps a request body (413); `max_request_tokens` caps `n x max_tokens` of one
+    request (400; None: no cap). `app.state` holds the policy, its `BatchScheduler` (close it when
+    the app's owner ends) and the adapter table.
     """
-    from grooves.adapters.admin import admin_router
-    from grooves.adapters.promote import Promoter
-
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
     adapters = adapters or AdapterTable(policy)
     app.state.policy = policy
     app.state.scheduler = scheduler
     app.state.adapters = adapters
-    app.state.promoter = Promoter(adapters)
-    if admin:
-        app.include_router(admin_router(adapters, app.state.promoter))
     app.add_middleware(
         BodyLimit, max_bytes=max_body_bytes,
-        too_large=lambda limit: _error_body(f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"),
+        too_large=lambda limit: error_body(f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"),
     )
-    app.add_middleware(ServerErrors, body=lambda exc: _error_body(f"internal error: {type(exc).__name__}", kind="server_error"))
+    app.add_middleware(ServerErrors, body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"))
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return JSONResponse(status_code=exc.status, content=_error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code))
+        return JSONResponse(status_code=exc.status, content=error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):
@@ -248,123 +87,10 @@ def create_app(
         if first.get("type") == "json_invalid":  # the loc of a JSON error is a character offset
             loc, first = "", {"msg": f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"}
         message = f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
-        return JSONResponse(status_code=400, content=_error_body(message, param=loc or None))
+        return JSONResponse(status_code=400, content=error_body(message, param=loc or None))
 
-    @app.get("/v1/models")
-    async def models():
-        data = [
-            {"id": r.name, "object": "model", "owned_by": "grooves", "created": 0}
-            | ({"parent": policy.served_name, "root": r.path} if r.name != policy.served_name else {})
-            for r in adapters.routes()
-        ]
-        return {"object": "list", "data": data}
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        if req.model not in adapters.names():
-            raise APIError(404, f"model {req.model!r} is not served here; available: {adapters.names()}", "model", "model_not_found")
-        refuse_unsupported(req)
-        if req.n > max_n:
-            raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
-        max_tokens = req.max_completion_tokens or req.max_tokens or 256
-        if max_request_tokens is not None and req.n * max_tokens > max_request_tokens:
-            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-            raise APIError(
-                400, f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
-                f"limit of {max_request_tokens} per request; lower n or {name}", name,
-            )
-        check_content(req.messages)
-        validate_tools(req.tools)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = req.tools if req.tool_choice != "none" else None
-
-        def render() -> list[int]:  # tokenizing a long prompt takes a while: not on the event loop
-            ids = policy.render(messages, tools)
-            policy.check_fits(ids, max_tokens)
-            return ids
-
-        try:
-            prompt_ids = await asyncio.to_thread(render)
-        except ContextOverflow as exc:
-            raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
-        except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
-            raise APIError(400, f"messages could not be rendered by the chat template: {exc}", "messages") from exc
-        params = SamplingParams(
-            n=req.n, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop or [], seed=req.seed
-        )
-        try:
-            with adapters.lease(req.model) as route:  # the adapter stays loaded until this request is answered
-                version = adapters.version_of(route)
-                completions = await _sample_unless_gone(scheduler, request, prompt_ids, params, route.adapter_id)
-        except UnknownModel as exc:  # removed while this request was being rendered
-            raise APIError(404, str(exc), "model", "model_not_found") from exc
-        return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
-
+    app.include_router(chat_router(policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens))
     return app
-
-
-async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, prompt_ids, params, adapter):
-    """The request's completions; if its client disconnects first, the scheduler drops its rows."""
-    sampling = asyncio.ensure_future(scheduler.submit(prompt_ids, params, adapter=adapter))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({sampling, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not sampling.done():  # the client left (or this handler was cancelled): withdraw the request
-            sampling.cancel()
-    if not sampling.done() or sampling.cancelled():
-        raise APIError(499, "the client closed the connection before the completion was ready", code="client_closed")
-    try:
-        return sampling.result()
-    except Exception as exc:  # this request's own failure; requests batched with it were answered
-        log.error("sampling failed: %s: %s", type(exc).__name__, exc)
-        raise APIError(500, f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has gone. The body is already read, so the next ASGI message the
-    server sends this request is `http.disconnect` (or none, until the response is complete)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions, version, adapter_id=None) -> dict[str, Any]:
-    choices = []
-    for i, c in enumerate(completions):
-        parsed = policy.parse(c.text, tools)
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
-        policy.remember(messages, tools, message, prompt_ids, c)
-        finish = "tool_calls" if parsed.tool_calls else c.finish_reason
-        choices.append(
-            {
-                "index": i,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": _logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None,
-                "token_ids": c.token_ids,
-                "prompt_token_ids": prompt_ids,
-                "sampled_logprobs": c.logprobs,
-                "adapter_version": version,
-                "adapter_id": adapter_id,
-                "temperature": req.temperature,
-            }
-        )
-    completion_tokens = sum(len(c.token_ids) for c in completions)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
-    }
 
 
 def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float = 600.0):
@@ -379,20 +105,9 @@ def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float 
     return AsyncOpenAI(base_url="http://grooves.local/v1", api_key=api_key, http_client=http, max_retries=0)
 
 
-def serve(
-    policy,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_n: int = 64,
-    adapters: AdapterTable | None = None,
-    admin: bool = True,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    max_request_tokens: int | None = MAX_REQUEST_TOKENS,
-) -> None:
+def serve(policy_or_app, *, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
+    """Serve an app (or `create_app(policy, **options)`) with uvicorn until interrupted."""
     import uvicorn
 
-    app = create_app(
-        policy, max_n=max_n, adapters=adapters, admin=admin, max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens
-    )
+    app = policy_or_app if isinstance(policy_or_app, FastAPI) else create_app(policy_or_app, **options)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -4,11 +4,8 @@ Training one adapter on several tasks at once keeps it from forgetting one while
 another. `TaskMixture` presents the members as one `Task`, so the trainer's loop does not change:
 
 - each training group comes from a task drawn at random with probability weight / sum(weights)
-  (seeded), and that task then gives its next scenario from its own `ScenarioStream` (a fresh
-  shuffled order each epoch, as in a single-task run);
-- the whole sampling state is one integer, the number of draws so far: the draws are a seeded
-  sequence and each task's position is how often it was drawn, so a checkpoint's `data_position`
-  restores it exactly (`MixtureStream.position = n` replays n draws);
+  (seeded), and that task then gives its next scenario from its own stream; the trainer's
+  `grooves.train.data.MixtureStream` draws them, resumably;
 - validation interleaves the tasks' validation splits round-robin, so the first
   `validation.scenarios` of them are balanced across tasks, and every task is measured each time;
 - each scenario carries its task's name under `mixture_task`; `task_metrics` turns that into
@@ -18,17 +15,14 @@ another. `TaskMixture` presents the members as one `Task`, so the trainer's loop
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from grooves.config import ConfigError, RunConfig
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.tasks import Task, TaskLoadError, load_task
-
-if TYPE_CHECKING:
-    from grooves.config import RunConfig
 
 TASK_KEY = "mixture_task"
 """Scenario key naming the member task a scenario belongs to."""
@@ -84,64 +78,6 @@ class TaskMixture:
         traj.metadata["task"] = name
         return traj
 
-    def stream(self, seed: int, position: int = 0) -> MixtureStream:
-        return MixtureStream(self, seed, position)
-
-
-class MixtureStream:
-    """Training scenarios of a mixture: a seeded task draw per group, then that task's next scenario.
-
-    Same interface as `ScenarioStream` (`take(k)`, a settable `position`), so the trainer and its
-    checkpoints handle both alike.
-    """
-
-    def __init__(self, mixture: TaskMixture, seed: int, position: int = 0):
-        from grooves.train.loop import ScenarioStream  # imported here: the trainer imports this module
-
-        self.mixture = mixture
-        self.seed = seed
-        self._streams = [ScenarioStream(m.task.scenarios("train"), seed) for m in mixture.members]
-        self.position = position
-
-    @property
-    def position(self) -> int:
-        """Number of groups drawn so far; setting it replays that many draws."""
-        return self._draws
-
-    @position.setter
-    def position(self, value: int) -> None:
-        self._rng = random.Random(f"grooves-mixture/{self.seed}")
-        self._draws = 0
-        for s in self._streams:
-            s.position = 0
-        counts = [0] * len(self._streams)
-        for i in self._draw(value):
-            counts[i] += 1
-        for s, n in zip(self._streams, counts, strict=True):
-            s.position = n
-
-    def _draw(self, k: int) -> list[int]:
-        picks = self._rng.choices(range(len(self._streams)), weights=self.mixture.probabilities, k=k)
-        self._draws += k
-        return picks
-
-    def take(self, k: int) -> list[tuple[int, dict[str, Any]]]:
-        out = []
-        for i in self._draw(k):
-            member = self.mixture.members[i]
-            (index, scenario), = self._streams[i].take(1)
-            out.append((index, {**scenario, TASK_KEY: member.name}))
-        return out
-
-
-def train_stream(task: Task, seed: int):
-    """The training-scenario stream of a task: a `MixtureStream` for a mixture, else a `ScenarioStream`."""
-    if isinstance(task, TaskMixture):
-        return task.stream(seed)
-    from grooves.train.loop import ScenarioStream
-
-    return ScenarioStream(task.scenarios("train"), seed)
-
 
 def build_task(config: RunConfig) -> Task:
     """The run's task: its `tasks` mixture if set, else the single `task`.
@@ -158,8 +94,6 @@ def build_task(config: RunConfig) -> Task:
 
 
 def _load(spec: str, options: dict[str, Any], field: str, options_field: str) -> Task:
-    from grooves.config import ConfigError
-
     try:
         return load_task(spec, options)
     except TaskLoadError as exc:

@@ -70,6 +70,13 @@ def save_checkpoint(run_dir: Path, state: TrainState, model, optimizer, policy_g
     return final
 
 
+def seed_everything(seed: int) -> None:
+    """Seed the RNGs a run draws from besides the policy's own generator: Python's, numpy's, torch's."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_states(policy_generator) -> dict[str, torch.Tensor]:
     """Every RNG state the run draws from, as tensors (loadable with `weights_only=True`)."""
     version, mt, gauss = random.getstate()  # (3, 625 ints below 2**32, None or a float)

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from grooves.core.trajectory import TrajectoryGroup
+from grooves.core.trajectory import TrajectoryGroup, read_groups
 from grooves.jsonl import read_jsonl, write_jsonl, write_models
 
 LOCK_FILE = ".lock"
@@ -120,6 +120,11 @@ class RunLog:
 
     def samples(self, step: int, groups: Sequence[TrajectoryGroup], name: str = "step") -> Path:
         return write_models(self.dir / "samples" / f"{name}_{step:06d}.jsonl", groups, append=False)
+
+    def step_samples(self, step: int) -> list[TrajectoryGroup] | None:
+        """The groups `samples` kept for training step `step`, or None when that step kept none."""
+        path = self.dir / "samples" / f"step_{step:06d}.jsonl"
+        return read_groups(path) if path.exists() else None
 
     def plot(self) -> Path:
         """Redraw reward_curve.png from metrics.jsonl."""

@@ -38,11 +38,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grooves.config.run import ConfigError, LoraConfig, ModelConfig, _format, _set_nested
 from grooves.core.forward import token_logprobs
+from grooves.core.gather import gather
+from grooves.core.handle import ModelHandle
 from grooves.core.tokenize import TrainSequence, pack_batches
-from grooves.policy.fast.lora_addmm import addmm_lora
-from grooves.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from grooves.serve.app import inprocess_client
+from grooves.tasks import load_task
+from grooves.train.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+)
+from grooves.train.data import ScenarioStream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
+from grooves.train.step import gradient_step
 
 
 class _Section(BaseModel):
@@ -185,30 +196,28 @@ def chat_to_sequence(
 
 # ---- training ------------------------------------------------------------------------------
 def sft_step(policy, optimizer, seqs: list[TrainSequence], config: SftConfig) -> dict[str, float]:
-    """One optimizer step: token-mean NLL of the assistant tokens of `seqs`, micro-batched."""
-    model, opt = policy.model, config.optim
+    """One optimizer step: token-mean NLL of the assistant tokens of `seqs`, micro-batched.
+
+    As in RL (`train.step.gradient_step`), the update is this step's gradient alone: gradients an
+    earlier caller left in `.grad` are zeroed first."""
+    opt = config.optim
     num_tokens = sum(s.num_sampled for s in seqs)
     batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=policy.tokenizer.pad_token_id or 0)
     nll_sum = 0.0
-    with policy.lock, addmm_lora(model):
-        model.train()
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    with gradient_step(policy, optimizer) as model:
         for batch in batches:
             lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
             mask = batch.sampled_mask.to(lp.device)  # [B, T]
             loss = -(lp * mask).sum() / num_tokens  # this micro-batch's share of the step's token mean
             loss.backward()
             nll_sum += float(-(lp.detach() * mask).sum())
-        params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        model.eval()
     return {"loss": nll_sum / max(num_tokens, 1), "assistant_tokens": float(num_tokens), "grad_norm": float(grad_norm), "micro_batches": float(len(batches))}
 
 
 async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[str, float], list]:
-    from grooves.core.trajectory import gather
-
     v = config.validation
     groups = await gather(
         task.rollout, handle, task.scenarios("validation")[: v.scenarios], 1, max_failure_fraction=1.0,
@@ -256,10 +265,6 @@ def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog
 
 def _validation_handle(config: SftConfig, policy):
     """(task, model handle) for validation, or (None, None) when no validation task is set."""
-    from grooves.core.handle import ModelHandle
-    from grooves.serve.app import inprocess_client
-    from grooves.tasks import load_task
-
     v = config.validation
     if not v.task:
         return None, None
@@ -271,8 +276,6 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
     import tomli_w
     from tqdm.auto import tqdm
-
-    from grooves.train.loop import ScenarioStream, seed_everything
 
     run_dir = Path(config.output_dir)
     log = RunLog(run_dir)

@@ -33,6 +33,7 @@ from grooves.jsonl import read_jsonl, write_jsonl, write_models
 from grooves.watch.finding import Finding, at_least, read_findings, write_findings
 from grooves.watch.interfaces import Detector, EmbedFn, RescoreFn
 from grooves.watch.metric_detectors import CheckDivergence, LengthDrift, RewardJump
+from grooves.watch.pages import inspection_page, pick_samples
 from grooves.watch.text_detectors import Collapse, InputIndependence
 from grooves.watch.view import StepView
 
@@ -171,9 +172,6 @@ class Watch:
         return self.run_dir is not None and every > 0 and step % every == 0 and bool(view.groups)
 
     def _inspect(self, step: int, view: StepView, stats: dict[str, float]) -> Path:
-        from grooves.report.html import inspection_page
-        from grooves.report.samples import pick_samples
-
         c = self.config.inspect
         samples = pick_samples(
             view.groups,

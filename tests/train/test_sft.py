@@ -99,6 +99,32 @@ def _data(tmp_path, n=4):
     return path
 
 
+def test_a_step_starts_from_zeroed_gradients(tiny_model_dir, tmp_path):
+    """Gradients left in `.grad` by an earlier caller do not leak into the step (as in RL's `optimize`)."""
+    import torch
+
+    from grooves.policy.transformers import LoraSettings, TransformersPolicy
+    from grooves.train.sft import load_sequences, sft_step
+
+    config = parse_sft_config({"data": "unused.jsonl", "optim": {"grad_clip": 1e9}})
+    path = _data(tmp_path, 2)
+
+    def update(stale: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)  # the same LoRA initialization both times
+        policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=2, alpha=4))
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params]
+        if stale:
+            for p in params:
+                p.grad = torch.full_like(p, 7.0)
+        sft_step(policy, torch.optim.SGD(params, lr=1.0), load_sequences(path, policy), config)
+        return [p.detach() - b for p, b in zip(params, before, strict=True)]
+
+    clean, after_stale = update(stale=False), update(stale=True)
+    assert any(bool(d.abs().sum() > 0) for d in clean)
+    assert all(torch.equal(a, b) for a, b in zip(clean, after_stale, strict=True))
+
+
 def test_sft_learns_the_answers(peaked_model_dir, tmp_path):
     from grooves.policy.transformers import TransformersPolicy
 

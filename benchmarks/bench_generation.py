@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -60,15 +61,17 @@ def bench_sampler(policy, prompt_ids, n, max_tokens, temperature):
 
 
 def bench_sampler_hf_decode(policy, prompt_ids, n, max_tokens, temperature):
-    """The same sampler with every decode step through transformers' forward (`model.fused_decode = false`)."""
+    """The same sampler with every decode step through transformers' forward (the fast paths but the fused decode)."""
     run = bench_sampler(policy, prompt_ids, n, max_tokens, temperature)
+    fast = policy.sampler.fast
 
     def unfused() -> int:
-        policy.fused_decode = False
+        paths = fast.paths
+        fast.paths = dataclasses.replace(paths, fused_decode=False)
         try:
             return run()
         finally:
-            policy.fused_decode = True
+            fast.paths = paths
 
     return unfused
 
@@ -121,7 +124,7 @@ def main() -> None:
 
     lora = LoraSettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
     policy = TransformersPolicy(args.model, lora=lora)
-    prompt_ids = policy.render([{"role": "user", "content": PROMPT}], None)
+    prompt_ids = policy.prompts.render([{"role": "user", "content": PROMPT}], None)
     rows = {
         "grooves sample": bench_sampler(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
         "grooves sample, transformers decode": bench_sampler_hf_decode(

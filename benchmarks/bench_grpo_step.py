@@ -54,6 +54,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # ---- the grooves worker (runs in its own process) --------------------------------------------
 def grooves_worker(args) -> None:
     import asyncio
+    import dataclasses
 
     import torch
 
@@ -61,6 +62,8 @@ def grooves_worker(args) -> None:
     from grooves.core.gather import gather
     from grooves.core.handle import ModelHandle
     from grooves.core.trajectory import Trajectory
+    from grooves.policy.fast import fast_paths
+    from grooves.policy.transformers import LoraSettings, TransformersPolicy
     from grooves.serve.app import inprocess_client
     from grooves.train.checkpoint import seed_everything
     from grooves.train.loop import build_policy
@@ -71,7 +74,7 @@ def grooves_worker(args) -> None:
     config = RunConfig.model_validate(
         {
             "model": {"base_model": args.model, "backend": args.backend, "device": args.device, "dtype": args.dtype,
-                      "reuse_freed_memory": not args.glibc_malloc},
+                      "fast": args.fast},
             "vllm": {"gpu_memory_utilization": 0.3},
             "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
             "rollout": {"group_size": args.group_size, "groups_per_step": 1, "max_tokens": args.max_tokens,
@@ -81,7 +84,12 @@ def grooves_worker(args) -> None:
     )  # fmt: skip
     seed_everything(0)
     scenarios = load_scenarios(args.scenarios)
-    policy = build_policy(config)
+    if args.glibc_malloc:  # every speed path of --fast but the allocator's
+        paths = dataclasses.replace(fast_paths(args.fast), reuse_freed_memory=False)
+        lora = LoraSettings(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
+        policy = TransformersPolicy(args.model, lora=lora, dtype=args.dtype, device=args.device, fast=paths)
+    else:
+        policy = build_policy(config)
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
     params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -105,7 +113,7 @@ def grooves_worker(args) -> None:
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
             optimize(policy, optimizer, seqs, config)
-            policy.bump_version()
+            policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]
             emit(
@@ -258,7 +266,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--backend", default="transformers", choices=["transformers", "vllm"], help="grooves' sampler")
     ap.add_argument("--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate")
-    ap.add_argument("--glibc-malloc", action="store_true", help="grooves keeps glibc's malloc defaults (model.reuse_freed_memory = false)")
+    ap.add_argument("--fast", default="on", choices=["on", "timed", "off"], help="grooves' model.fast (the run file's default: on)")
+    ap.add_argument("--glibc-malloc", action="store_true", help="grooves keeps glibc's malloc defaults (every other path of --fast stays)")
     ap.add_argument("--trl-malloc-env", action="store_true", help="TRL gets the malloc settings grooves makes itself, as environment variables")
     ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
@@ -278,7 +287,8 @@ def main() -> None:
     common = ["--model", args.model, "--scenarios", str(scenario_file), "--group-size", str(args.group_size),
               "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--device", args.device,
               "--dtype", args.dtype]  # fmt: skip
-    own = ["--glibc-malloc"] if args.glibc_malloc else []
+    common_grooves = ["--fast", args.fast]
+    own = [*common_grooves, *(["--glibc-malloc"] if args.glibc_malloc else [])]
     workers = [Worker("grooves", [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common, *own], env, work)]
     if not args.skip_trl:
         if not Path(args.trl_python).exists():

@@ -52,7 +52,7 @@ def _reference(peaked_model_dir, adapter_dir=None):
 def _greedy(peaked_model_dir, adapter_dir, prompts) -> dict[str, list[int]]:
     """Greedy completions of `prompts` from a separate policy that has only this adapter."""
     policy = TransformersPolicy(str(peaked_model_dir), adapter_path=adapter_dir)
-    ids = [policy.render([{"role": "user", "content": p}], None) for p in prompts]
+    ids = [policy.prompts.render([{"role": "user", "content": p}], None) for p in prompts]
     outs = policy.generate(ids, [SamplingParams(max_tokens=6, temperature=0)] * len(ids))
     return {p: o[0].token_ids for p, o in zip(prompts, outs, strict=True)}
 
@@ -117,14 +117,14 @@ def test_load_and_unload_at_run_time(peaked_model_dir, adapters):
     assert listed["c"]["path"] == str(adapters["a"]) and listed["c"]["in_flight"] == 0 and listed["tiny"]["adapter_id"] is None
     bad = http.post("/v1/adapters", json={"name": "d", "path": str(peaked_model_dir)})
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
-    loaded = policy.loaded_adapters()
+    loaded = policy.adapters.loaded()
     wrong = http.post("/v1/adapters", json={"name": "d", "path": str(adapters["wide"])})
     assert wrong.status_code == 400 and "another base model" in wrong.json()["error"]["message"]
-    assert policy.loaded_adapters() == loaded  # nothing half-loaded
+    assert policy.adapters.loaded() == loaded  # nothing half-loaded
     assert http.delete("/v1/adapters/c").json()["deleted"] is True
     app.state.adapters.wait_unloaded()
     assert http.post("/v1/chat/completions", json=body).status_code == 404
-    assert policy.loaded_adapters() == [] and not hasattr(policy.model, "peft_config")  # back to the plain base
+    assert policy.adapters.loaded() == [] and not hasattr(policy.model, "peft_config")  # back to the plain base
     assert http.delete("/v1/adapters/tiny").status_code == 409
 
 
@@ -176,7 +176,7 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
         seen.add(key)
     assert seen == set(expected)  # the swap happened while requests were flowing
     table.wait_unloaded()
-    assert first.adapter_id not in policy.loaded_adapters()  # the old adapter was freed once drained
+    assert first.adapter_id not in policy.adapters.loaded()  # the old adapter was freed once drained
 
     back = TestClient(app).post("/v1/adapters/prod/rollback")
     assert back.status_code == 200 and back.json()["version"] == 3 and back.json()["path"] == str(adapters["a"])
@@ -194,19 +194,19 @@ def test_old_adapter_is_unloaded_only_when_its_requests_are_done(peaked_model_di
         new = promoter.promote("prod", adapters["b"])
         table.wait_unloaded()
         assert table.get("prod") == new and held == old
-        assert old.adapter_id in policy.loaded_adapters()  # still there for the request that holds it
-        prompt = policy.render([{"role": "user", "content": "hi"}], None)
+        assert old.adapter_id in policy.adapters.loaded()  # still there for the request that holds it
+        prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
         policy.generate([prompt], [SamplingParams(max_tokens=2, temperature=0)], adapter=held.adapter_id)
         assert table.in_flight(old.adapter_id) == 1
     table.wait_unloaded()
-    assert policy.loaded_adapters() == [new.adapter_id]
+    assert policy.adapters.loaded() == [new.adapter_id]
     assert table.loaded_ids() == {new.adapter_id}
 
 
 def test_the_training_adapter_keeps_training(peaked_model_dir, adapters):
     policy = TransformersPolicy(str(peaked_model_dir), lora=LoraSettings(rank=2, alpha=4), served_name="run")
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
-    prompt = policy.render([{"role": "user", "content": "hi"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
     before = policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0]
     table = AdapterTable(policy)
     extra = table.add("other", adapters["a"])
@@ -214,7 +214,7 @@ def test_the_training_adapter_keeps_training(peaked_model_dir, adapters):
     assert {n for n, p in policy.model.named_parameters() if p.requires_grad} == trainable
     assert policy.model.active_adapter == "default"
     assert policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0].token_ids == before.token_ids
-    policy.bump_version()
+    policy.adapters.bump()
     assert table.version_of(table.get("run")) == 1  # the trainer's own name reports its step
     with pytest.raises(AdapterConflict, match="training adapter"):
         Promoter(table).promote("run", adapters["b"])

@@ -33,9 +33,15 @@ def test_impossible_values(data, field):
     assert msg.startswith(f"{field}: ") and "\n" not in msg
 
 
-def test_an_unknown_matmul_form_names_the_field_and_the_choices():
-    msg = _error({"model": {"matmul_forms": "fastest"}})
-    assert msg.startswith("model.matmul_forms: ") and "'timed_head'" in msg and "'fixed'" in msg and "\n" not in msg
+def test_an_unknown_fast_mode_names_the_field_and_the_choices():
+    msg = _error({"model": {"fast": "fastest"}})
+    assert msg.startswith("model.fast: ") and all(f"'{m}'" in msg for m in ("on", "timed", "off")) and "\n" not in msg
+
+
+@pytest.mark.parametrize("key", ["merge_lora_for_sampling", "fused_decode", "matmul_forms", "reuse_freed_memory"])
+def test_a_retired_speed_setting_names_its_replacement(key):
+    msg = _error({"model": {key: False}})
+    assert msg.startswith(f"model.{key}: replaced by model.fast (") and msg.endswith("see docs/speed.md") and "\n" not in msg
 
 
 def test_load_and_round_trip(tmp_path):

@@ -15,7 +15,7 @@ from grooves.policy.transformers import TransformersPolicy
 def test_close_finishes_the_batch_in_flight_fails_the_queued_ones_and_ends_the_thread(tiny_model_dir):
     policy = TransformersPolicy(str(tiny_model_dir))
     scheduler = BatchScheduler(policy, window_s=0.001, max_wait_s=0.001)
-    prompt = policy.render([{"role": "user", "content": "hello"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "hello"}], None)
     params = SamplingParams(max_tokens=3, temperature=0)
 
     async def go():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from grooves.policy.fast.decode import FusedDecode, MatmulPlan, TransformersDecode, _blocks_of, decoder_for
-from grooves.policy.sampling import SamplingParams, sample
+from grooves.policy.fast import FastPaths
+from grooves.policy.fast.decode import FusedDecode, MatmulPlan, _blocks_of, decoder_for
+from grooves.policy.sampling import SamplingParams, TransformersDecode, sample
 from grooves.policy.transformers import LoraSettings, TransformersPolicy
 from tiny_models import build_tiny_model_dir
 
@@ -29,7 +32,7 @@ def _policy(model_dir, **kwargs) -> TransformersPolicy:
 def _prompts(policy) -> list[list[int]]:
     # different lengths: the batch is left-padded, which the decoder must mask
     texts = ["hi", "a much longer question about the weather in Paris today"]
-    return [policy.render([{"role": "user", "content": t}], None) for t in texts]
+    return [policy.prompts.render([{"role": "user", "content": t}], None) for t in texts]
 
 
 # rows finish at different steps (different max_tokens, and eos), so the batch shrinks as it decodes
@@ -37,7 +40,8 @@ PARAMS = [SamplingParams(n=3, max_tokens=9, seed=5), SamplingParams(n=2, max_tok
 
 
 def _draws(policy, prompts, *, fused, plan=None, params=PARAMS):
-    out = sample(policy.model, policy.tokenizer, prompts, params, eos_token_ids=policy.eos_token_ids, fused=fused, plan=plan)
+    decoder = functools.partial(decoder_for, fused=fused, plan=plan)
+    out = sample(policy.model, policy.tokenizer, prompts, params, eos_token_ids=policy.prompts.eos_token_ids, decoder=decoder)
     return [c for per_prompt in out for c in per_prompt]
 
 
@@ -51,7 +55,7 @@ def _assert_same(a, b, tol=1e-5):
 def test_fused_decode_on_folded_weights_matches_transformers_forward(model_dir):
     policy = _policy(model_dir)
     prompts = _prompts(policy)
-    with policy._merged.applied():
+    with policy.sampler.fast.merged.applied():
         blocks = _blocks_of(policy.model)
         # the folded q/k/v and gate/up weights lie back to back, so each group runs as one matmul
         assert all(b.qkv.fused is not None and b.gate_up.fused is not None for b in blocks)
@@ -71,13 +75,13 @@ def test_both_matmul_forms_decode_the_same(model_dir):
     for transposed in (False, True):
         plan = MatmulPlan()
         plan._chosen = dict.fromkeys(range(1, 64), transposed)
-        with policy._merged.applied():
+        with policy.sampler.fast.merged.applied():
             forms[transposed] = _draws(policy, prompts, fused=True, plan=plan)
     _assert_same(forms[True], forms[False])
 
 
 def test_active_lora_layers_are_called_as_the_modules_they_are(model_dir):
-    policy = _policy(model_dir, merge_for_sampling=False)  # peft's LoRA layers stay active while sampling
+    policy = _policy(model_dir, fast=FastPaths(fold_lora=False))  # peft's LoRA layers stay active while sampling
     prompts = _prompts(policy)
     blocks = _blocks_of(policy.model)
     assert all(b.qkv.fused is None and all(p.module is not None for p in b.qkv.parts) for b in blocks)
@@ -145,14 +149,18 @@ def test_the_plan_times_both_forms_then_keeps_the_clearly_faster():
     assert close.chosen() == {4: False}  # within the margin: the usual form stays
 
 
-@pytest.mark.parametrize("forms,blocks_timed,head_timed", [("timed_head", False, True), ("fixed", False, False), ("timed", True, True)])
-def test_each_matmul_forms_setting_times_only_what_it_says(model_dir, forms, blocks_timed, head_timed):
-    policy = _policy(model_dir, matmul_forms=forms)
+@pytest.mark.parametrize(
+    "fast,blocks_timed,head_timed",
+    [("on", False, False), ("timed", False, True), ("off", False, False), (FastPaths(timed_head=True, timed_blocks=True), True, True)],
+    ids=["on", "timed", "off", "timed-blocks"],
+)
+def test_each_fast_setting_times_only_what_it_says(model_dir, fast, blocks_timed, head_timed):
+    policy = _policy(model_dir, fast=fast)
     head = policy.model.get_output_embeddings()
     policy.generate(_prompts(policy), PARAMS)
     assert policy.model.get_output_embeddings() is head  # swapped back after sampling, if swapped at all
-    assert (policy._plan is not None and bool(policy._plan._seconds)) is blocks_timed
-    assert (policy._head is not None and policy._head._plan is not None and bool(policy._head._plan._transposed)) is head_timed
+    assert (policy.sampler.fast.plan is not None and bool(policy.sampler.fast.plan._seconds)) is blocks_timed
+    assert (policy.sampler.fast.head is not None and policy.sampler.fast.head._plan is not None and bool(policy.sampler.fast.head._plan._transposed)) is head_timed
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])

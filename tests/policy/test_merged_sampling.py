@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grooves.policy.fast import FastPaths
+from grooves.policy.fast.decode import decoder_for
 from grooves.policy.sampling import SamplingParams, sample
 from grooves.policy.transformers import LoraSettings, TransformersPolicy
 from grooves.train.optim import adamw
@@ -24,7 +26,7 @@ def _params(seed: int) -> list[SamplingParams]:
 
 
 def _through_peft_layers(policy, prompt, seed):
-    return sample(policy.model, policy.tokenizer, [prompt], _params(seed), eos_token_ids=policy.eos_token_ids)[0]
+    return sample(policy.model, policy.tokenizer, [prompt], _params(seed), eos_token_ids=policy.prompts.eos_token_ids, decoder=decoder_for)[0]
 
 
 def _assert_same_draws(merged, unmerged) -> None:
@@ -43,7 +45,7 @@ def policy(tiny_model_dir):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["adamw", "fused-adamw"])
 def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_step(policy, fused):
-    prompt = policy.render([{"role": "user", "content": "name a colour"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "name a colour"}], None)
     base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "base_layer" in n}
 
     _assert_same_draws(policy.generate([prompt], _params(3))[0], _through_peft_layers(policy, prompt, 3))
@@ -65,7 +67,7 @@ def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_s
 
     after = policy.generate([prompt], _params(3))[0]
     _assert_same_draws(after, _through_peft_layers(policy, prompt, 3))
-    layer, folded = policy._merged.layers[0], policy._merged._buffers[0]  # sampling ran on W + s B A
+    layer, folded = policy.sampler.fast.merged.layers[0], policy.sampler.fast.merged._buffers[0]  # sampling ran on W + s B A
     a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     assert torch.allclose(folded, layer.base_layer.weight + layer.scaling["default"] * b @ a, atol=1e-6)
     assert after[0].logprobs[0] < before[0].logprobs[0] - 1e-3  # the step lowered that token, and sampling saw it
@@ -79,8 +81,8 @@ def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_s
 
 def test_folding_can_be_switched_off_and_then_samples_through_peft(tiny_model_dir):
     torch.manual_seed(0)
-    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, merge_for_sampling=False)
+    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, fast=FastPaths(fold_lora=False))
     _randomize_lora_b(policy.model, seed=1)
-    prompt = policy.render([{"role": "user", "content": "name a colour"}], None)
-    assert policy._merged is None
+    prompt = policy.prompts.render([{"role": "user", "content": "name a colour"}], None)
+    assert policy.sampler.fast.merged is None
     _assert_same_draws(policy.generate([prompt], _params(5))[0], _through_peft_layers(policy, prompt, 5))

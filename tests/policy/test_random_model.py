@@ -36,7 +36,7 @@ def test_the_architecture_is_the_shapes_and_the_vocabulary_the_tokenizers(random
 
 def test_grooves_samples_and_takes_a_gradient_step_on_it(random_qwen):
     policy = TransformersPolicy(str(random_qwen), lora=LoraSettings(rank=4, alpha=8), seed=0)
-    prompt = policy.render([{"role": "user", "content": "hi"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
     [completions] = policy.generate([prompt], [SamplingParams(n=2, max_tokens=6, seed=0)])
     assert len(completions) == 2
     assert all(0 < len(c.token_ids) == len(c.logprobs) <= 6 for c in completions)

@@ -137,7 +137,7 @@ def _forward_logprobs(model, prompt, tokens):
 
 def test_vllm_samples_with_logprobs_of_the_trained_adapter(tiny_model_dir, tmp_path):
     policy = _gpu_policy(tiny_model_dir, tmp_path)
-    prompt = policy.render([{"role": "user", "content": "hello"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "hello"}], None)
     params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=3)
     for version in (0, 1):
         if version == 1:  # an "optimizer step": new adapter weights, then the trainer's bump
@@ -145,10 +145,10 @@ def test_vllm_samples_with_logprobs_of_the_trained_adapter(tiny_model_dir, tmp_p
                 for name, p in policy.model.named_parameters():
                     if "lora_B" in name:
                         p.normal_(0, 0.5)
-            assert policy.bump_version() == 1
+            assert policy.adapters.bump() == 1
         completions = policy.generate([prompt], [params])[0]
         assert len(completions) == 4
         for c in completions:
             expected = _forward_logprobs(policy.model, prompt, c.token_ids)
             assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 2e-3, version
-    assert policy.publisher.current.lora_int_id == 2
+    assert policy.adapters.publisher.current.lora_int_id == 2

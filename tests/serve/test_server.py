@@ -187,7 +187,7 @@ def tool_policy(tiny_model_dir):
     """A tiny model trained until its greedy answer to WEATHER_QUESTION is exactly one tool call."""
     policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny-tools")
     tok = policy.tokenizer
-    prompt = policy.render(WEATHER_QUESTION, [WEATHER_TOOL])
+    prompt = policy.prompts.render(WEATHER_QUESTION, [WEATHER_TOOL])
     target = tok(TOOL_CALL_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     ids = torch.tensor([prompt + target])  # [1, P+T]
     labels = ids.clone()
@@ -266,10 +266,10 @@ BAD_REQUESTS = {
         "messages.0.tool_calls.0.function", None,
     ),
     "prompt too long": (  # "hello " is at least one token
-        lambda policy: {**BASE, "messages": [{"role": "user", "content": "hello " * policy.max_context}]},
+        lambda policy: {**BASE, "messages": [{"role": "user", "content": "hello " * policy.prompts.max_context}]},
         400, "messages", "context_length_exceeded",
     ),
-    "max_tokens past context": (lambda policy: {**BASE, "max_tokens": policy.max_context}, 400, "messages", "context_length_exceeded"),
+    "max_tokens past context": (lambda policy: {**BASE, "max_tokens": policy.prompts.max_context}, 400, "messages", "context_length_exceeded"),
     "n too large": ({**BASE, "n": 17}, 400, "n", None),
     "n zero": ({**BASE, "n": 0}, 400, "n", None),
     "temperature too high": ({**BASE, "temperature": 3}, 400, "temperature", None),
@@ -398,13 +398,13 @@ def test_text_parts_and_settings_that_change_nothing_are_accepted(policy, app):
     }
     resp = TestClient(app).post("/v1/chat/completions", json=body)
     assert resp.status_code == 200
-    assert resp.json()["choices"][0]["prompt_token_ids"] == policy.render([{"role": "user", "content": "hello"}], None)
+    assert resp.json()["choices"][0]["prompt_token_ids"] == policy.prompts.render([{"role": "user", "content": "hello"}], None)
 
 
 def test_a_failing_request_fails_alone_in_its_batch(policy):
     """Eight requests in one batch, one of them unsampleable: seven answers and one error."""
     scheduler = BatchScheduler(policy)
-    prompt = policy.render([{"role": "user", "content": "hello"}], None)
+    prompt = policy.prompts.render([{"role": "user", "content": "hello"}], None)
     good = [SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=i) for i in range(7)]
     bad = SamplingParams(n=2, max_tokens=6, seed=2**64)  # what the HTTP layer now refuses
 
@@ -477,14 +477,14 @@ def test_request_body_cap_holds_for_declared_and_chunked_bodies(policy):
 
 def test_models_answer_while_a_prompt_is_being_rendered(policy, monkeypatch):
     entered, release = threading.Event(), threading.Event()
-    real_render = policy.render
+    real_render = policy.prompts.render
 
     def slow_render(messages, tools):  # stands for tokenizing a very long prompt
         entered.set()
         release.wait(30)
         return real_render(messages, tools)
 
-    monkeypatch.setattr(policy, "render", slow_render)
+    monkeypatch.setattr(policy.prompts, "render", slow_render)
     with http_server(create_app(policy)) as base_url, httpx.Client(base_url=base_url, timeout=30) as http:
         with ThreadPoolExecutor(1) as pool:
             chat = pool.submit(http.post, "/chat/completions", json=BASE)
@@ -498,7 +498,7 @@ def test_models_answer_while_a_prompt_is_being_rendered(policy, monkeypatch):
 
 
 def test_cancelled_rows_leave_the_batch_at_the_next_decode_step(policy):
-    prompts = [policy.render([{"role": "user", "content": q}], None) for q in ("hello", "a story")]
+    prompts = [policy.prompts.render([{"role": "user", "content": q}], None) for q in ("hello", "a story")]
     params = [SamplingParams(n=3, max_tokens=20, seed=1), SamplingParams(n=2, max_tokens=12, seed=2)]
     asked = []
 
@@ -520,7 +520,7 @@ def test_cancelled_rows_leave_the_batch_at_the_next_decode_step(policy):
 def endless_policy(tiny_model_dir):
     """A policy with no end-of-turn token: every row runs to max_tokens unless it is cancelled."""
     policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
-    policy.eos_token_ids = set()
+    policy.sampler.eos_token_ids = set()
     return policy
 
 
@@ -563,7 +563,7 @@ def test_control_token_text_in_messages_and_tools_stays_text(policy):
             {"role": "tool", "tool_call_id": "c1", "content": "result " + text},
         ]
 
-    clean, hostile = policy.render(chat(""), [tool]), policy.render(chat(inject), [tool])
+    clean, hostile = policy.prompts.render(chat(""), [tool]), policy.prompts.render(chat(inject), [tool])
     # the template's own control tokens are all there, and no others: the injected text stayed text
     assert [i for i in hostile if i in special] == [i for i in clean if i in special]
     assert len([i for i in clean if i in special]) == 9  # system, user, assistant, tool, and the generation prompt
@@ -573,7 +573,7 @@ def test_control_token_text_in_messages_and_tools_stays_text(policy):
     # the same ids as transformers' own sanitizing encoder for a chat without tools
     plain = [{"role": "user", "content": inject}]
     reference = tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=True, sanitize_control_tokens=True, return_dict=False)
-    assert policy.render(plain, None) == reference
+    assert policy.prompts.render(plain, None) == reference
     # and through the API
     resp = TestClient(create_app(policy)).post("/v1/chat/completions", json={**BASE, "messages": plain})
     assert resp.json()["choices"][0]["prompt_token_ids"] == reference

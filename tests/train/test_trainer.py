@@ -97,12 +97,11 @@ def test_resume_gives_the_same_next_steps(peaked_model_dir, tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
-def test_two_runs_of_one_seed_with_fixed_matmul_forms_are_identical(peaked_model_dir, tmp_path):
+def test_two_runs_of_one_seed_with_the_default_fast_paths_are_identical(peaked_model_dir, tmp_path):
     # one request in flight at a time: the server batches by arrival, and a row decoded beside
     # others rounds differently (docs/speed.md), so on a loaded machine concurrent rollouts can
     # land in other batches; what this test pins down is everything else
-    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 4, "model__matmul_forms": "fixed",
-            "rollout__concurrency": 1}  # fmt: skip
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 4, "rollout__concurrency": 1}
     runs = [[_comparable(r) for r in _rows(train(_config(peaked_model_dir, tmp_path / name, **over)))] for name in "ab"]
     assert len([r for r in runs[0] if "loss" in r]) == 3
     assert runs[0] == runs[1]  # exactly: the same samples, losses and gradients, not merely close

@@ -1,12 +1,5 @@
 """Moved to `grooves.serve.routing`; kept for compatibility."""
 
-from grooves.serve.routing import (
-    AdapterConflict,
-    AdapterHost,
-    AdapterTable,
-    Route,
-    UnknownModel,
-    check_adapter_fits,
-)
+from grooves.serve.routing import AdapterConflict, AdapterTable, Route, UnknownModel, check_adapter_fits
 
-__all__ = ["AdapterConflict", "AdapterHost", "AdapterTable", "Route", "UnknownModel", "check_adapter_fits"]
+__all__ = ["AdapterConflict", "AdapterTable", "Route", "UnknownModel", "check_adapter_fits"]

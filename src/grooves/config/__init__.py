@@ -3,9 +3,9 @@
 from grooves.config.run import (
     AlgorithmConfig,
     ConfigError,
+    FastMode,
     LoggingConfig,
     LoraConfig,
-    MatmulForms,
     ModelConfig,
     OptimConfig,
     RolloutConfig,
@@ -25,7 +25,7 @@ from grooves.config.run import (
 from grooves.config.watch import WatchConfig
 
 __all__ = [
-    "AlgorithmConfig", "ConfigError", "LoggingConfig", "LoraConfig", "MatmulForms", "ModelConfig", "OptimConfig",
+    "AlgorithmConfig", "ConfigError", "LoggingConfig", "LoraConfig", "FastMode", "ModelConfig", "OptimConfig",
     "RolloutConfig", "RunConfig", "TaskEntry", "TaskOptions", "ToolFormats", "ValidationConfig", "VllmConfig",
     "WatchConfig", "check_against_model", "check_numbers", "dump_config", "load_config", "parse_config",
     "parse_overrides",

@@ -28,8 +28,8 @@ from pydantic import (
 
 from grooves.config.watch import WatchConfig
 
-MatmulForms = Literal["timed_head", "fixed", "timed"]
-"""What `ModelConfig.matmul_forms` may be."""
+FastMode = Literal["on", "timed", "off"]
+"""What `ModelConfig.fast` may be (see `grooves.policy.fast`)."""
 ToolFormats = Literal["smollm2", "template"]
 """What `ModelConfig.tool_format` may be (the names of `policy.tool_format.TOOL_FORMATS`)."""
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
@@ -54,26 +54,15 @@ class ModelConfig(_Section):
     """How tools appear in the prompt: `smollm2`, `template`, or unset to pick from the chat template."""
     backend: Literal["transformers", "vllm"] = "transformers"
     """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
-    merge_lora_for_sampling: bool = True
-    """transformers backend: sample with the adapter folded into a copy of the adapted weights
-    (one matmul per layer instead of three: faster decoding on CPU, for one more copy of
-    those weights in memory). false: sample through peft's LoRA layers."""
-    fused_decode: bool = True
-    """transformers backend, Llama/Qwen2 models: decode with the sampler's own forward (q/k/v and
-    gate/up as one matmul each, a KV cache written in place; see `policy/fast/decode.py`). false: every
-    decode step runs through transformers' forward. Other model types always use the latter."""
-    matmul_forms: MatmulForms = "timed_head"
-    """CPU sampling. A decode matmul can run as `x W^T` or as `(W x^T)^T`: the same product through
-    another BLAS kernel, with other float rounding, and on some CPUs several times faster at a few
-    rows. `timed_head`: only the output head's form is chosen, per row count, by timing it once on
-    its own weight before it is used; the blocks run `x W^T`. `fixed`: `x W^T` everywhere, nothing
-    depends on a timing. `timed`: the blocks' forms too, from their first real decode steps; a
-    choice made on a busy machine can differ between two runs of one seed, which then sample other
-    tokens and drift apart within a few steps. See docs/speed.md."""
-    reuse_freed_memory: bool = True
-    """CPU on glibc: keep the big blocks torch frees for reuse instead of unmapping them, so a step's
-    40 MB logits tensors are not page-faulted in again every time (see `policy/fast/allocator.py`);
-    the process keeps its peak memory between steps. false: glibc's defaults."""
+    fast: FastMode = "on"
+    """The CPU speed paths (`grooves.policy.fast`), each the same function in fewer operations: the
+    sampler's own decode forward (Llama/Qwen2), the LoRA adapter folded into a copy of the adapted
+    weights for sampling (one more copy of those weights in memory), glibc keeping freed blocks
+    (the process keeps its peak memory between steps), LoRA layers as one addmm in training.
+    `on`: all of them, every matmul `x W^T`: two runs of one seed are bit-identical where batching
+    allows. `timed`: also the output head's matmul form picked by timing it per row count (faster
+    on some CPUs; a choice timed on a busy machine can differ between two runs of one seed, which
+    then drift apart). `off`: plain transformers + peft. See docs/speed.md."""
 
     @field_validator("device")
     @classmethod
@@ -292,12 +281,23 @@ class ConfigError(ValueError):
     """A run file that cannot be used; the message is one line per problem, naming the field."""
 
 
+RETIRED_FIELDS = {
+    "model.merge_lora_for_sampling": 'replaced by model.fast ("on" folds the adapter for sampling, "off" samples through peft\'s layers)',
+    "model.fused_decode": 'replaced by model.fast ("on" decodes with the fused forward, "off" with transformers\' forward)',
+    "model.matmul_forms": 'replaced by model.fast ("timed" times the output head as timed_head did; "on" is fixed)',
+    "model.reuse_freed_memory": 'replaced by model.fast ("on" keeps freed blocks for reuse, "off" keeps glibc\'s defaults)',
+}
+"""Settings that were replaced, and by what; a run file that still sets one is told so on one line."""
+
+
 def _format(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and field in RETIRED_FIELDS:
+            lines.append(f"{field}: {RETIRED_FIELDS[field]}; see docs/speed.md")
+        elif err["type"] == "extra_forbidden":
             lines.append(f"{field}: unknown field; check its spelling and section")
         elif not field:  # a check across fields: its message names them
             lines.append(message)

@@ -42,7 +42,7 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     adapter: str | None = None
-    """Extra adapter to sample with (`policy.load_adapter`); None: the policy's own weights."""
+    """Extra adapter to sample with (`policy.adapters.load`); None: the policy's own weights."""
     cancelled: bool = False
     """Set from the event loop when the caller stopped waiting; read by the sampler thread."""
 

@@ -64,6 +64,14 @@ class ControlTextGuard:
             return [self.mark(v) for v in obj]
         return obj
 
+    def find(self, text: str, token: str, start: int = 0) -> int:
+        """Where the template itself wrote `token` in rendered `text`, at or after `start` (-1: nowhere);
+        occurrences that came from the request (marked) are skipped."""
+        at = text.find(token, start)
+        while at >= 0 and text[max(at - len(self._open), 0) : at] == self._open:
+            at = text.find(token, at + len(token))
+        return at
+
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered `text`: marked strings as plain text, everything else as the tokenizer reads it."""
         # [text, marked, text, marked, ..., text]; a lone marker (a template that cut a marked string,

@@ -6,8 +6,9 @@ times (a GRPO group shares its prompt), and (3) several different requests decod
 
 The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
 its n samples, then decode one token per step for all rows, dropping finished rows from the cache
-so late steps cost only what is still running. The decode steps of Llama/Qwen2 models run on a
-leaner forward of our own, the same function in fewer ops (`policy/fast/decode.py`).
+so late steps cost only what is still running. Decode steps run through transformers' forward
+(`TransformersDecode`) unless the caller passes another decoder: the `Sampler` of a transformers
+policy passes the fast paths' (`policy/fast/`), a leaner forward for Llama/Qwen2 models.
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
@@ -17,13 +18,18 @@ which makes training slightly off-policy, so training runs default to top_p = 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from grooves.core.forward import kept_positions
-from grooves.policy.fast.decode import MatmulPlan, decoder_for
+
+if TYPE_CHECKING:
+    from grooves.policy.adapters import PeftAdapters
+    from grooves.policy.fast import FastSampling
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
@@ -46,6 +52,49 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+
+
+class Decoder(Protocol):
+    """Decode steps after a prefill: one token per row in, next-token logits out."""
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, index: torch.Tensor) -> None: ...
+
+
+DecoderFactory = Callable[..., Decoder]
+"""`(model, cache, mask [R, P], capacity) -> Decoder`, called once per batch after its prefill;
+`capacity` bounds the sequence length (prompt width + the most new tokens any row may take)."""
+
+
+class TransformersDecode:
+    """Decode steps through the model's own forward and a `DynamicCache`."""
+
+    def __init__(self, model, cache, mask: torch.Tensor):
+        self.model, self.cache, self.mask = model, cache, mask  # mask [R, P]: 1 = a real token
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (tokens, positions: [R]); returns the next-token logits [R, V] in float32."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :].float()
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only these rows (finished rows leave the batch)."""
+        self.cache.reorder_cache(index)
+        self.mask = self.mask[index]
+
+
+def plain_decoder(model, cache, mask: torch.Tensor, capacity: int) -> TransformersDecode:
+    """transformers' forward for every decode step (`capacity` is not needed: its cache grows)."""
+    return TransformersDecode(model, cache, mask)
 
 
 @dataclass
@@ -120,15 +169,12 @@ def sample(
     *,
     eos_token_ids: set[int],
     generator: torch.Generator | None = None,
-    fused: bool = True,
-    plan: MatmulPlan | None = None,
+    decoder: DecoderFactory = plain_decoder,
     cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
-    `fused` decodes Llama-family models with grooves' own lean forward (`policy/fast/decode.py`);
-    False (or another model type) runs every decode step through the model's own forward.
-    `plan` (kept by the caller across batches) picks that forward's matmul form per row count.
+    `decoder` runs the decode steps after the prefill (default: the model's own forward).
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
     (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
@@ -170,7 +216,7 @@ def sample(
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]
-    decode = decoder_for(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0), fused=fused, plan=plan)
+    decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
     next_pos = positions[index, -1] + 1  # [R]
     active = list(range(len(rows)))
 
@@ -223,3 +269,55 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         if cut >= 0:
             text = text[:cut]
     return Completion(token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length")
+
+
+class Sampler:
+    """Sampling batches on a transformers policy's model with its adapters and its fast paths.
+
+    A batch runs on the weights its `adapter` names: the policy's own (folded into copies of the
+    base weights where the fast paths allow, else through peft's layers), an extra adapter, or the
+    base alone for a policy without an adapter. It holds the policy's lock, so an optimizer step
+    never changes the weights mid-batch.
+    """
+
+    def __init__(
+        self, adapters: PeftAdapters, tokenizer, *, eos_token_ids: set[int], generator: torch.Generator, lock, fast: FastSampling
+    ):
+        self.adapters = adapters
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.generator = generator
+        self.lock = lock
+        self.fast = fast
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None = None,
+        cancelled: Sequence[Callable[[], bool]] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample completions for several prompts in one batch (blocking); see `Policy.generate`."""
+        head = self.fast.output_head(self.adapters.model)
+        with self.lock, self._weights(adapter), head:
+            model = self.adapters.model
+            was_training = model.training
+            model.eval()
+            try:
+                return sample(
+                    model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids,
+                    generator=self.generator, decoder=self.fast.decoder, cancelled=cancelled,
+                )  # fmt: skip
+            finally:
+                if was_training:
+                    model.train()
+
+    @contextlib.contextmanager
+    def _weights(self, adapter: str | None) -> Iterator[None]:
+        """The weights a sampling batch runs on: the own adapter folded in where possible, else peft's layers."""
+        if adapter is None and self.fast.folded:
+            with self.adapters.keep_requires_grad(), self.fast.folded_weights():
+                yield
+        else:
+            with self.adapters.scope(adapter):
+                yield

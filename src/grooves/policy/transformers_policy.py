@@ -1,9 +1,6 @@
-"""Moved to `grooves.policy.transformers`; kept for compatibility."""
+"""Moved to `grooves.policy.transformers` and `grooves.policy.base`; kept for compatibility."""
 
-from grooves.policy.transformers import (
-    ContextOverflow,
-    LoraSettings,
-    TransformersPolicy,
-)
+from grooves.policy.base import ContextOverflow
+from grooves.policy.transformers import LoraSettings, TransformersPolicy
 
 __all__ = ["ContextOverflow", "LoraSettings", "TransformersPolicy"]

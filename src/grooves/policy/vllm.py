@@ -26,8 +26,10 @@ the trainer in fp32 or bf16 with other kernels, so the two differ slightly; `mis
 in the metrics measures by how much. Seeds make vLLM's samples reproducible, but they are not
 the same samples as the CPU sampler's for the same seed.
 
-Prompt rendering, the multi-turn token records and tool-call parsing are the transformers
-policy's own code (composition, not a copy), so both backends build identical prompts.
+The trainable peft model comes from the transformers policy's `load_model`, and prompts from the
+same `PromptState` (rendering, the multi-turn token records, tool-call parsing), so both
+backends train the same model and build identical prompts. The adapters are `VllmAdapters`:
+every version of the training adapter published for vLLM, and extra adapters by reference.
 
 `vllm` is imported only when a `VLLMPolicy` is built: `import grooves` never needs it.
 """
@@ -37,13 +39,21 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from grooves.config import FastMode
 from grooves.models import resolve_model
+from grooves.policy import fast as speed
+from grooves.policy.fast import FastPaths
+from grooves.policy.prompts import PromptState, end_of_turn_ids
 from grooves.policy.sampling import Completion, SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import LoraSettings, load_model
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for `max_lora_rank`."""
@@ -135,8 +145,67 @@ def completion_from_vllm(output: Any) -> Completion:
     return Completion(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=finish)
 
 
+class VllmAdapters:
+    """The adapters of a `VLLMPolicy`: each training version published for vLLM, extra ones by reference.
+
+    Setting `version` (a resumed run, after loading a checkpoint) publishes the loaded weights as
+    that version; `bump` (after each optimizer step) publishes the new adapter and wakes the engine,
+    so the next request samples with it.
+    """
+
+    def __init__(self, publisher: AdapterPublisher, model, lock: threading.RLock, wake_up: Callable[[], None]):
+        self.publisher = publisher
+        self._model = model
+        self.lock = lock
+        self._wake_up = wake_up
+        self._extra: dict[str, AdapterRef] = {}
+        self._extra_ids = 1_000_000  # extra adapters' ids live far above the training versions'
+        self._version = 0
+        self.publisher.publish(model, 0)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        with self.lock:
+            self._version = version
+            self.publisher.publish(self._model, version)
+
+    def bump(self) -> int:
+        with self.lock:
+            self._version += 1
+            self.publisher.publish(self._model, self._version)
+            self._wake_up()
+        return self._version
+
+    def load(self, path: str | Path, name: str) -> None:
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)")
+        with self.lock:
+            self._extra_ids += 1
+            self._extra[name] = AdapterRef(name, self._extra_ids, str(path), 0)
+
+    def unload(self, name: str) -> None:
+        """Forget `name`; vLLM evicts its cached weights when the slot is needed (LRU)."""
+        with self.lock:
+            self._extra.pop(name, None)
+
+    def loaded(self) -> list[str]:
+        return list(self._extra)
+
+    def ref(self, name: str | None) -> AdapterRef:
+        """The adapter a request samples with: the current training version (None), or an extra one."""
+        if name is None:
+            return self.publisher.current
+        if name not in self._extra:
+            raise ValueError(f"adapter {name!r} is not loaded; loaded: {self.loaded()}")
+        return self._extra[name]
+
+
 class VLLMPolicy:
-    """The `TransformersPolicy` interface, sampling with vLLM and training the peft model."""
+    """A `Policy` that samples with vLLM and trains the peft model (see the module docstring)."""
 
     def __init__(
         self,
@@ -153,6 +222,7 @@ class VLLMPolicy:
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         adapter_dir: str | Path | None = None,
+        fast: FastMode | FastPaths = "on",
     ):
         try:
             from vllm import LLM
@@ -163,100 +233,43 @@ class VLLMPolicy:
             ) from exc
         if sleep_level not in (0, 1, 2):
             raise ValueError(f"vllm.sleep_level must be 0 (never sleep), 1 or 2, got {sleep_level}")
-        self.trainer = TransformersPolicy(
-            base_model, lora=lora, dtype=dtype, device=device, tool_format=tool_format,
-            max_context=max_model_len, seed=seed, served_name=served_name,
+        self.fast_paths = speed.fast_paths(fast)  # the training side's: vLLM samples with its own kernels
+        speed.before_load(self.fast_paths, device)
+        self.served_name = served_name or base_model
+        self.model, self.tokenizer = load_model(base_model, lora=lora, dtype=dtype, device=device)
+        self.trainable = True
+        self.lock = threading.RLock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.prompts = PromptState(
+            self.tokenizer, tool_format=tool_format, eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
+            max_context=max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048)),
         )  # fmt: skip
         self.sleep_level = sleep_level
         self.llm = LLM(
             model=resolve_model(base_model), dtype=dtype, seed=seed, enable_lora=True,
             max_lora_rank=lora_rank_cap(lora.rank), max_loras=2, gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_level > 0, logprobs_mode="processed_logprobs", generation_config="vllm",
-            max_model_len=self.trainer.max_context, enforce_eager=enforce_eager,
+            max_model_len=self.prompts.max_context, enforce_eager=enforce_eager,
         )  # fmt: skip
         self._asleep = False
         folder = adapter_dir or tempfile.mkdtemp(prefix="grooves-vllm-adapters-")
-        self.publisher = AdapterPublisher(folder, self.served_name)
-        self._extra: dict[str, AdapterRef] = {}
-        self._extra_ids = 1_000_000  # extra adapters' ids live far above the training versions'
-        self._version = 0
-        self.publisher.publish(self.model, 0)
-
-    # ---- what the trainer and the server read (the transformers policy's) --------------------
-    @property
-    def model(self):
-        return self.trainer.model
-
-    @property
-    def tokenizer(self):
-        return self.trainer.tokenizer
-
-    @property
-    def lock(self):
-        return self.trainer.lock
-
-    @property
-    def generator(self):
-        return self.trainer.generator
-
-    @property
-    def served_name(self) -> str:
-        return self.trainer.served_name
-
-    @property
-    def trainable(self) -> bool:
-        return self.trainer.trainable
-
-    @property
-    def max_context(self) -> int:
-        return self.trainer.max_context
-
-    def render(self, messages, tools) -> list[int]:
-        return self.trainer.render(messages, tools)
-
-    def remember(self, messages, tools, assistant_message, prompt_ids, completion: Completion) -> None:
-        self.trainer.remember(messages, tools, assistant_message, prompt_ids, completion)
-
-    def check_fits(self, prompt_ids: list[int], max_tokens: int) -> None:
-        self.trainer.check_fits(prompt_ids, max_tokens)
-
-    def parse(self, text: str, tools):
-        return self.trainer.parse(text, tools)
-
-    # ---- adapter versions: every version is published to vLLM --------------------------------
-    @property
-    def adapter_version(self) -> int:
-        return self._version
-
-    @adapter_version.setter
-    def adapter_version(self, version: int) -> None:
-        """Set by a resumed run after loading a checkpoint: publish the loaded weights as that version."""
-        with self.lock:
-            self._version = version
-            self.publisher.publish(self.model, version)
-
-    def bump_version(self) -> int:
-        """After each optimizer step: publish the new adapter; the next request samples with it."""
-        with self.lock:
-            self._version += 1
-            self.publisher.publish(self.model, self._version)
-            self.wake_up()
-        return self._version
+        self.adapters = VllmAdapters(AdapterPublisher(folder, self.served_name), self.model, self.lock, self.wake_up)
 
     @contextlib.contextmanager
-    def training_phase(self):
-        """The optimizer step's span: with `sleep_level` > 0 the engine sleeps through it."""
+    def training_phase(self) -> Iterator[None]:
+        """The optimizer step's span: with `sleep_level` > 0 the engine sleeps through it (woken by
+        the next `adapters.bump`); the training speed paths of `model.fast` apply."""
         if self.sleep_level > 0 and not self._asleep:
             self.llm.sleep(level=self.sleep_level)
             self._asleep = True
-        yield
+        with speed.training(self.fast_paths, self.model):
+            yield
 
     def wake_up(self) -> None:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
 
-    # ---- sampling ------------------------------------------------------------------------
     def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None, cancelled=None
     ) -> list[list[Completion]]:
@@ -272,31 +285,10 @@ class VLLMPolicy:
             raise ValueError("prompts and params must have the same length")
         with self.lock:
             self.wake_up()
-            ref = self.publisher.current if adapter is None else self._extra_adapter(adapter)
+            ref = self.adapters.ref(adapter)
             request = LoRARequest(ref.name, ref.lora_int_id, ref.path)
-            sampling = [VllmSamplingParams(**vllm_sampling_kwargs(p, self.trainer.eos_token_ids)) for p in params]
+            sampling = [VllmSamplingParams(**vllm_sampling_kwargs(p, self.prompts.eos_token_ids)) for p in params]
             outputs = self.llm.generate(
                 [{"prompt_token_ids": list(p)} for p in prompts], sampling, lora_request=request, use_tqdm=False
             )
         return [[completion_from_vllm(o) for o in out.outputs] for out in outputs]
-
-    # ---- extra adapters served beside the training one (multi-LoRA serving) ------------------
-    def load_adapter(self, path: str | Path, name: str) -> None:
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise ValueError(f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)")
-        with self.lock:
-            self._extra_ids += 1
-            self._extra[name] = AdapterRef(name, self._extra_ids, str(path), 0)
-
-    def unload_adapter(self, name: str) -> None:
-        """Forget `name`; vLLM evicts its cached weights when the slot is needed (LRU)."""
-        with self.lock:
-            self._extra.pop(name, None)
-
-    def loaded_adapters(self) -> list[str]:
-        return list(self._extra)
-
-    def _extra_adapter(self, name: str) -> AdapterRef:
-        if name not in self._extra:
-            raise ValueError(f"adapter {name!r} is not loaded; loaded: {self.loaded_adapters()}")
-        return self._extra[name]

@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from grooves.asgi import BodyLimit, ServerErrors
+from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
@@ -49,7 +50,7 @@ sampler for minutes while every other request waits behind it."""
 
 
 def create_app(
-    policy,
+    policy: Policy,
     *,
     max_n: int = 64,
     max_batch_rows: int = 64,
@@ -57,7 +58,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
 ) -> FastAPI:
-    """The HTTP app. `policy` is a `TransformersPolicy` (or anything with its interface).
+    """The HTTP app over `policy` (a `TransformersPolicy`, a `VLLMPolicy`, any `Policy`).
 
     `adapters` routes model names to adapters (default: the policy's own name only).
     `max_body_bytes` caps a request body (413); `max_request_tokens` caps `n x max_tokens` of one

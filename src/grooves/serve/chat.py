@@ -17,9 +17,9 @@ from typing import Any
 import jsonschema
 from fastapi import APIRouter, Request
 
+from grooves.policy.base import ContextOverflow, Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import Completion, SamplingParams
-from grooves.policy.transformers import ContextOverflow
 from grooves.serve.errors import APIError
 from grooves.serve.routing import AdapterTable, UnknownModel
 from grooves.serve.schemas import ChatRequest, Message, choice_body, completion_body, logprobs_block
@@ -30,7 +30,7 @@ _FN_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def chat_router(
-    policy, scheduler: BatchScheduler, adapters: AdapterTable, *, max_n: int, max_request_tokens: int | None
+    policy: Policy, scheduler: BatchScheduler, adapters: AdapterTable, *, max_n: int, max_request_tokens: int | None
 ) -> APIRouter:
     """The two endpoints over `policy`, sampling through `scheduler`, routing names with `adapters`."""
     router = APIRouter()
@@ -64,8 +64,8 @@ def chat_router(
         tools = req.tools if req.tool_choice != "none" else None
 
         def render() -> list[int]:  # tokenizing a long prompt takes a while: not on the event loop
-            ids = policy.render(messages, tools)
-            policy.check_fits(ids, max_tokens)
+            ids = policy.prompts.render(messages, tools)
+            policy.prompts.check_fits(ids, max_tokens)
             return ids
 
         try:
@@ -166,18 +166,18 @@ async def _disconnected(request: Request) -> None:
 
 
 def _response(
-    policy, req: ChatRequest, messages, tools, prompt_ids: list[int], completions: list[Completion],
+    policy: Policy, req: ChatRequest, messages, tools, prompt_ids: list[int], completions: list[Completion],
     version: int | None, adapter_id: str | None = None,
 ) -> dict[str, Any]:
     """The chat completion: each sample parsed into a message (tool calls included) and remembered
     with its token ids, so a later turn of the conversation continues them exactly."""
     choices = []
     for i, c in enumerate(completions):
-        parsed = policy.parse(c.text, tools)
+        parsed = policy.prompts.parse(c.text, tools)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
-        policy.remember(messages, tools, message, prompt_ids, c)
+        policy.prompts.remember(messages, tools, message, prompt_ids, c)
         finish = "tool_calls" if parsed.tool_calls else c.finish_reason
         block = logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None
         choices.append(

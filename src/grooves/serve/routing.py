@@ -28,19 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-
-class AdapterHost(Protocol):
-    """What the table needs from a policy (`TransformersPolicy` has it)."""
-
-    served_name: str
-    adapter_version: int
-    trainable: bool
-
-    def load_adapter(self, path: str | Path, name: str) -> None: ...
-
-    def unload_adapter(self, name: str) -> None: ...
+from grooves.policy.base import Policy
 
 
 class UnknownModel(KeyError):
@@ -77,7 +66,7 @@ class Route:
 class AdapterTable:
     """Served name -> `Route`, with leases so replacements never cut a request short."""
 
-    def __init__(self, policy: AdapterHost, *, own_path: str | None = None):
+    def __init__(self, policy: Policy, *, own_path: str | None = None):
         self.policy = policy
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {policy.served_name: Route(policy.served_name, None, None, own_path)}
@@ -113,7 +102,7 @@ class AdapterTable:
             return sum(self._leases.values()) if adapter_id is None else self._leases[adapter_id]
 
     def version_of(self, route: Route) -> int:
-        return route.version if route.version is not None else self.policy.adapter_version
+        return route.version if route.version is not None else self.policy.adapters.version
 
     # ---- requests --------------------------------------------------------------------------
     @contextmanager
@@ -196,7 +185,7 @@ class AdapterTable:
             check_adapter_fits(model, path)
         with self._lock:
             adapter_id = f"adapter_{next(self._ids)}"
-        self.policy.load_adapter(path, adapter_id)
+        self.policy.adapters.load(path, adapter_id)
         return adapter_id
 
     def _retire(self, adapter_id: str | None) -> None:
@@ -211,7 +200,7 @@ class AdapterTable:
         if adapter_id in self._retired and self._leases[adapter_id] == 0:
             self._retired.discard(adapter_id)
             del self._leases[adapter_id]
-            self._pending.append(self._unloader.submit(self.policy.unload_adapter, adapter_id))
+            self._pending.append(self._unloader.submit(self.policy.adapters.unload, adapter_id))
 
 
 def check_adapter_fits(model, path: str | Path) -> None:

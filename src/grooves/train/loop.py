@@ -42,7 +42,8 @@ from grooves.core.gather import RolloutFn, gather
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.jsonl import read_jsonl
-from grooves.policy.transformers import TransformersPolicy
+from grooves.policy import policy_for
+from grooves.policy.base import Policy
 from grooves.report.write import write_report
 from grooves.scale import start_rollouts
 from grooves.serve.app import create_app, inprocess_client
@@ -71,38 +72,9 @@ StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, 
 """Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
 
 
-def build_policy(config: RunConfig) -> TransformersPolicy:
-    from grooves.policy.transformers import LoraSettings
-
-    lora = LoraSettings(
-        rank=config.lora.rank,
-        alpha=config.lora.alpha,
-        dropout=config.lora.dropout,
-        target_modules=tuple(config.lora.target_modules),
-    )
-    if config.model.backend == "vllm":  # imported only here: CPU installs never need vllm
-        from grooves.policy.vllm import VLLMPolicy
-
-        v = config.vllm
-        return VLLMPolicy(
-            config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
-            tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
-            gpu_memory_utilization=v.gpu_memory_utilization, sleep_level=v.sleep_level,
-            max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
-        )  # fmt: skip
-    return TransformersPolicy(
-        config.model.base_model,
-        lora=lora,
-        dtype=config.model.dtype,
-        device=config.model.device,
-        tool_format=config.model.tool_format,
-        seed=config.seed,
-        served_name=config.name,
-        merge_for_sampling=config.model.merge_lora_for_sampling,
-        reuse_freed_memory=config.model.reuse_freed_memory,
-        fused_decode=config.model.fused_decode,
-        matmul_forms=config.model.matmul_forms,
-    )
+def build_policy(config: RunConfig) -> Policy:
+    """The run's policy: `model.backend` with the `[model]`, `[lora]` and `[vllm]` sections."""
+    return policy_for(config.model, config.lora, seed=config.seed, served_name=config.name, vllm=config.vllm)
 
 
 async def run(
@@ -157,7 +129,7 @@ async def run(
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
             stream.position = state.data_position
-            policy.adapter_version = state.step
+            policy.adapters.version = state.step
         else:
             clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
         log = RunLog(run_dir)
@@ -188,15 +160,15 @@ async def run(
             score_metrics = _as_metrics(await score(groups)) if score is not None else {}
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
-            _check_on_policy(groups, policy.adapter_version)
+            _check_on_policy(groups, policy.adapters.version)
             seqs, seq_stats = to_sequences(groups, config)
             train_stats = optimize(policy, optimizer, seqs, config) if seqs else {"loss": 0.0}
-            policy.bump_version()
+            policy.adapters.bump()
             t_train = time.perf_counter()
 
             metrics: dict[str, Any] = {"step": step, **_reward_stats(groups), **task_metrics(groups), **score_metrics, **seq_stats, **train_stats}
             metrics.update(
-                lr=config.optim.lr, adapter_version=policy.adapter_version, seconds_rollout=t_rollout - t0,
+                lr=config.optim.lr, adapter_version=policy.adapters.version, seconds_rollout=t_rollout - t0,
                 seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
             )  # fmt: skip
             if config.validation.every and step % config.validation.every == 0 or step == config.steps:

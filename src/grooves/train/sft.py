@@ -5,7 +5,8 @@ optional). The loss is the mean negative log-likelihood of the assistant's token
 adapter learns to write the answers, not to predict the user's questions or the system prompt.
 
 Each chat becomes one `TrainSequence` laid out exactly as the sampler would have produced it
-(token in, token out), rendered with the model's own chat template and tool format:
+(token in, token out), rendered by the policy's own prompt code (`policy.prompts`: the model's
+chat template, its tool format, control-token text kept as text):
 
     ids  = enc(prompt_1) + enc(content_1) + [eot] + enc(between_1_2) + enc(content_2) + [eot] ...
     mask =    False...      True...         True      False...            True...        True
@@ -17,8 +18,9 @@ are context. This is the sequence the RL sampler records for the same conversati
 encoded on its own, the end-of-turn token sampled as one id), so an SFT adapter and an RL adapter
 are trained on the same token layout. A template that rewrites earlier turns is refused.
 
-Training reuses the RL path: sequences are packed by `tokenize.pack_batches`, logprobs come from
-`forward.token_logprobs`, checkpoints from `checkpoint.save_checkpoint` (so `grooves export`,
+Training reuses the RL path: sequences are packed by `core.tokenize.pack_batches`, logprobs come
+from `core.forward.token_logprobs`, the step's span is RL's (`train.step.gradient_step`),
+checkpoints come from `train.checkpoint.save_checkpoint` (so `grooves export`,
 `grooves serve --adapter`, `grooves adapters list` and the registry treat an SFT run like an RL
 run), and an optional task validates the adapter the same way `grooves train` does.
 """
@@ -41,6 +43,9 @@ from grooves.core.forward import token_logprobs
 from grooves.core.gather import gather
 from grooves.core.handle import ModelHandle
 from grooves.core.tokenize import TrainSequence, pack_batches
+from grooves.policy import policy_for
+from grooves.policy.base import Policy
+from grooves.policy.prompts import PromptState
 from grooves.serve.app import inprocess_client
 from grooves.tasks import load_task
 from grooves.train.checkpoint import (
@@ -157,19 +162,13 @@ def read_chats(path: str | Path) -> list[dict[str, Any]]:
     return chats
 
 
-def _render(tokenizer, tool_format, messages, tools, add_generation_prompt: bool) -> str:
-    msgs, native_tools = tool_format.template_messages(messages, tools)
-    return tokenizer.apply_chat_template(msgs, tools=native_tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+def chat_to_sequence(prompts: PromptState, messages: list[dict[str, Any]], tools=None, *, where: str = "chat") -> TrainSequence:
+    """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens.
 
-
-def chat_to_sequence(
-    tokenizer, tool_format, messages: list[dict[str, Any]], tools=None, *, eos_token_ids: set[int], where: str = "chat"
-) -> TrainSequence:
-    """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens."""
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    eos_texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in eos_token_ids}
+    The text is the policy's own rendering (`PromptState.template_text` and `encode`, as the sampler
+    renders prompts), so control-token text inside a message stays text here too."""
+    tokenizer, guard = prompts.tokenizer, prompts.guard
+    eos_texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in prompts.eos_token_ids}
     ids: list[int] = []
     mask: list[bool] = []
     consumed = ""  # the template text already turned into ids
@@ -177,16 +176,16 @@ def chat_to_sequence(
     for k, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        prompt = _render(tokenizer, tool_format, messages[:k], tools, add_generation_prompt=True)
-        upto = _render(tokenizer, tool_format, messages[: k + 1], tools, add_generation_prompt=False)
+        prompt = prompts.template_text(messages[:k], tools, add_generation_prompt=True)
+        upto = prompts.template_text(messages[: k + 1], tools, add_generation_prompt=False)
         if not prompt.startswith(consumed) or not upto.startswith(prompt):
             raise ChatError(f"{where}, message {k}: the chat template rewrites earlier turns (not append-only); cannot mask it")
-        found = {i: upto.find(text, len(prompt)) for i, text in eos_texts.items()}
+        found = {i: guard.find(upto, text, len(prompt)) for i, text in eos_texts.items()}
         ends = [(at, i) for i, at in found.items() if at >= 0]
         if not ends:
             raise ChatError(f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it")
         end, eos_id = min(ends)
-        context, content = encode(prompt[len(consumed) :]), encode(upto[len(prompt) : end])
+        context, content = prompts.encode(prompt[len(consumed) :]), prompts.encode(upto[len(prompt) : end])
         prompt_len = len(ids) + len(context) if prompt_len is None else prompt_len
         ids += context + content + [eos_id]
         mask += [False] * len(context) + [True] * (len(content) + 1)
@@ -195,7 +194,7 @@ def chat_to_sequence(
 
 
 # ---- training ------------------------------------------------------------------------------
-def sft_step(policy, optimizer, seqs: list[TrainSequence], config: SftConfig) -> dict[str, float]:
+def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftConfig) -> dict[str, float]:
     """One optimizer step: token-mean NLL of the assistant tokens of `seqs`, micro-batched.
 
     As in RL (`train.step.gradient_step`), the update is this step's gradient alone: gradients an
@@ -231,24 +230,13 @@ async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[st
     }, groups
 
 
-def _policy(config: SftConfig):
-    from grooves.policy.transformers import LoraSettings, TransformersPolicy
-
-    lora = LoraSettings(config.lora.rank, config.lora.alpha, config.lora.dropout, tuple(config.lora.target_modules))
-    return TransformersPolicy(
-        config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
-        tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
-        merge_for_sampling=config.model.merge_lora_for_sampling, reuse_freed_memory=config.model.reuse_freed_memory,
-        fused_decode=config.model.fused_decode, matmul_forms=config.model.matmul_forms,
-    )  # fmt: skip
+def _policy(config: SftConfig) -> Policy:
+    return policy_for(config.model, config.lora, seed=config.seed, served_name=config.name)
 
 
-def load_sequences(path: str | Path, policy) -> list[TrainSequence]:
-    """The chats of a JSONL file as training sequences for `policy`'s tokenizer and chat template."""
-    return [
-        chat_to_sequence(policy.tokenizer, policy.tool_format, c["messages"], c["tools"], eos_token_ids=policy.eos_token_ids, where=f"{path} chat {i}")
-        for i, c in enumerate(read_chats(path))
-    ]  # fmt: skip
+def load_sequences(path: str | Path, policy: Policy) -> list[TrainSequence]:
+    """The chats of a JSONL file as training sequences, rendered as `policy` renders prompts."""
+    return [chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path} chat {i}") for i, c in enumerate(read_chats(path))]
 
 
 def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog) -> TrainState:
@@ -299,7 +287,7 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         step, t0 = state.step + 1, time.perf_counter()
         batch = [s for _, s in stream.take(config.batch_size)]
         metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": config.optim.lr}
-        policy.bump_version()
+        policy.adapters.bump()
         if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
             val, groups = await _validate(task, handle, config, step)
             metrics.update(val)

@@ -23,8 +23,7 @@ from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.loss import compute_loss
 from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
-from grooves.policy.fast.lora_addmm import addmm_lora
-from grooves.policy.transformers import TransformersPolicy
+from grooves.policy.base import Policy
 
 
 def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list[TrainSequence], dict[str, float]]:
@@ -51,14 +50,14 @@ def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list
 
 
 @contextlib.contextmanager
-def gradient_step(policy: TransformersPolicy, optimizer: torch.optim.Optimizer) -> Iterator[torch.nn.Module]:
+def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[torch.nn.Module]:
     """The span of one optimizer step on `policy.model`, which it yields in training mode.
 
     Sampling waits (the policy's lock); gradients are zeroed before the first backward and again at
     the end, also when the step was not applied, so no gradient (a NaN one included) outlives it.
     """
     model = policy.model
-    with policy.lock, policy.training_phase(), addmm_lora(model):
+    with policy.lock, policy.training_phase():
         model.train()
         model.zero_grad(set_to_none=True)
         try:
@@ -87,7 +86,7 @@ _MAX_STATS = ("mismatch_abs_max",)
 weighted by each micro-batch's share of the step's sampled tokens."""
 
 
-def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
+def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
 
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
@@ -129,7 +128,7 @@ def optimize(policy: TransformersPolicy, optimizer, seqs: list[TrainSequence], c
     totals["micro_batches"] = float(len(batches))
     totals["nonfinite_skipped"] = 0.0 if finite else 1.0
     if not finite:
-        _nonfinite_step(policy.adapter_version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
+        _nonfinite_step(policy.adapters.version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
     return totals
 
 

@@ -1,4 +1,4 @@
-"""Decode steps for the sampler: transformers' forward, or a leaner one of our own for Llama-family models.
+"""The sampler's lean decode forward for Llama-family models, the same function in fewer ops.
 
 A decode step at 8 rows is a few hundred tiny ops, and on a CPU their count, not their FLOPs,
 sets its time. `FusedDecode` computes the same function as transformers' Llama/Qwen2 forward
@@ -10,10 +10,10 @@ with fewer and larger ops:
 - RMSNorm as `F.rms_norm`, one kernel instead of five ops; the left-padding mask made once.
 
 It covers `llama` and `qwen2` models with full attention in every layer; for other models (or
-`fused=False`) `decoder_for` returns `TransformersDecode`, the plain forward with a
-`DynamicCache`. A layer that is not a plain weight (an active peft LoRA layer: sampling an extra
+`fused=False`) `decoder_for` returns the sampler's plain `TransformersDecode`, transformers'
+forward with a `DynamicCache`. A layer that is not a plain weight (an active peft LoRA layer: sampling an extra
 adapter, or the unfolded path) is called as the module it is, so the result is the same function
-in every case. It matches transformers' logits up to float rounding (tests/test_decode.py).
+in every case. It matches transformers' logits up to float rounding (tests/policy/test_decode.py).
 """
 
 from __future__ import annotations
@@ -25,32 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grooves.policy.sampling import TransformersDecode
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-
-
-class TransformersDecode:
-    """Decode steps through the model's own forward and a `DynamicCache`."""
-
-    def __init__(self, model, cache, mask: torch.Tensor):
-        self.model, self.cache, self.mask = model, cache, mask  # mask [R, P]: 1 = a real token
-
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (tokens, positions: [R]); returns the next-token logits [R, V] in float32."""
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
-        out = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=self.mask,
-            position_ids=positions[:, None],
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self.cache = out.past_key_values
-        return out.logits[:, -1, :].float()
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only these rows (finished rows leave the batch)."""
-        self.cache.reorder_cache(index)
-        self.mask = self.mask[index]
 
 
 def decoder_for(model, cache, mask: torch.Tensor, capacity: int, *, fused: bool = True, plan: MatmulPlan | None = None):

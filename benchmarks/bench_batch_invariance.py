@@ -22,8 +22,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 COUNTRIES = ("France", "Japan", "Kenya", "Peru")
 
@@ -42,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
 
-    policy = TransformersPolicy(args.model, lora=LoraSettings(rank=8, alpha=16.0))
+    policy = TransformersPolicy(args.model, lora=LoraConfig(rank=8, alpha=16.0))
     prompts = [
         policy.prompts.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is the capital of {c}?"}], None)
         for c in COUNTRIES

@@ -32,8 +32,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 from grooves.serve.app import inprocess_client
 
 PROMPT = (
@@ -122,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    lora = LoraSettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
+    lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
     policy = TransformersPolicy(args.model, lora=lora)
     prompt_ids = policy.prompts.render([{"role": "user", "content": PROMPT}], None)
     rows = {

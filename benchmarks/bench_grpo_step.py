@@ -58,12 +58,12 @@ def grooves_worker(args) -> None:
 
     import torch
 
-    from grooves.config import RunConfig
+    from grooves.config import LoraConfig, RunConfig
     from grooves.core.gather import gather
     from grooves.core.handle import ModelHandle
     from grooves.core.trajectory import Trajectory
     from grooves.policy.fast import fast_paths
-    from grooves.policy.transformers import LoraSettings, TransformersPolicy
+    from grooves.policy.transformers import TransformersPolicy
     from grooves.serve.app import inprocess_client
     from grooves.train.checkpoint import seed_everything
     from grooves.train.loop import build_policy
@@ -86,7 +86,7 @@ def grooves_worker(args) -> None:
     scenarios = load_scenarios(args.scenarios)
     if args.glibc_malloc:  # every speed path of --fast but the allocator's
         paths = dataclasses.replace(fast_paths(args.fast), reuse_freed_memory=False)
-        lora = LoraSettings(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
+        lora = LoraConfig(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
         policy = TransformersPolicy(args.model, lora=lora, dtype=args.dtype, device=args.device, fast=paths)
     else:
         policy = build_policy(config)

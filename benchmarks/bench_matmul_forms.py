@@ -23,9 +23,10 @@ from bench_generation import _timed_rounds
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import LoraConfig
 from grooves.policy.fast import FastPaths
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 SETTINGS = {"on": "on", "timed": "timed", "timed blocks": FastPaths(timed_head=True, timed_blocks=True)}
 """Column name -> the policy's `fast`."""
@@ -59,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
 
-    lora = LoraSettings(rank=8, alpha=16.0)
+    lora = LoraConfig(rank=8, alpha=16.0)
     policies = {s: TransformersPolicy(args.model, lora=lora, fast=fast) for s, fast in SETTINGS.items()}
     table = Table(title=f"{args.model}, LoRA r8 folded, {os.cpu_count()} threads, OMP_WAIT_POLICY="
                         f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, median of {args.runs} alternating runs")

@@ -15,8 +15,9 @@ from grooves.adapters.admin import mount_admin
 from grooves.adapters.promote import Promoter, watch_run
 from grooves.cli import app as cli_app
 from grooves.cli.adapters import parse_adapter_options
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 from grooves.serve.app import create_app, inprocess_client
 from grooves.serve.routing import AdapterConflict, AdapterTable
 
@@ -204,7 +205,7 @@ def test_old_adapter_is_unloaded_only_when_its_requests_are_done(peaked_model_di
 
 
 def test_the_training_adapter_keeps_training(peaked_model_dir, adapters):
-    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraSettings(rank=2, alpha=4), served_name="run")
+    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraConfig(rank=2, alpha=4), served_name="run")
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
     prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
     before = policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0]

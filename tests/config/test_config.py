@@ -95,3 +95,22 @@ def test_the_tool_formats_the_config_allows_are_the_ones_that_exist():
 
 def test_a_check_across_fields_is_one_line_without_the_input():
     assert _error({"tasks": []}) == "tasks is empty; list at least one {task = ..., weight = ...} or use `task`"
+
+
+def test_an_sft_run_file_is_checked_like_a_training_run_file():
+    """One config system: SFT's sections refuse what RL's refuse, with the same lines."""
+    from grooves.config import parse_sft_config
+
+    cases = {
+        "optim.lr: Input should be a finite number": {"optim": {"lr": float("inf")}},
+        "model.fused_decode: replaced by model.fast": {"model": {"fused_decode": True}},
+        "validation.task_options.k: Input should be a finite number": {"validation": {"task_options": {"k": float("nan")}}},
+    }
+    for start, extra in cases.items():
+        with pytest.raises(ConfigError) as err:
+            parse_sft_config({"data": "chats.jsonl", **extra})
+        assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(ConfigError, match=r"^optim\.betas: each beta must be in \[0, 1\)"):
+        parse_sft_config({"data": "chats.jsonl", "optim": {"betas": [0.9, 1.0]}})
+    config = parse_sft_config({"data": "chats.jsonl"})
+    assert (config.optim.lr, config.logging.checkpoint_every) == (1e-4, 10)  # SFT's own defaults

@@ -7,10 +7,11 @@ import functools
 import pytest
 import torch
 
+from grooves.config import LoraConfig
 from grooves.policy.fast import FastPaths
 from grooves.policy.fast.decode import FusedDecode, MatmulPlan, _blocks_of, decoder_for
 from grooves.policy.sampling import SamplingParams, TransformersDecode, sample
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 from tiny_models import build_tiny_model_dir
 
 
@@ -20,7 +21,7 @@ def model_dir(request, tmp_path_factory):
 
 
 def _policy(model_dir, **kwargs) -> TransformersPolicy:
-    policy = TransformersPolicy(str(model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, **kwargs)
+    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, **kwargs)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in policy.model.named_parameters():

@@ -6,12 +6,13 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from grooves.config import LoraConfig
 from grooves.policy.fast.lora_addmm import _plain_adapter, addmm_lora
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 
 def _policy(model_dir, dropout=0.0):
-    policy = TransformersPolicy(str(model_dir), lora=LoraSettings(rank=4, alpha=8, dropout=dropout), seed=0)
+    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8, dropout=dropout), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in policy.model.named_parameters():

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grooves.config import LoraConfig
 from grooves.policy.fast import FastPaths
 from grooves.policy.fast.decode import decoder_for
 from grooves.policy.sampling import SamplingParams, sample
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 from grooves.train.optim import adamw
 
 
@@ -38,7 +39,7 @@ def _assert_same_draws(merged, unmerged) -> None:
 @pytest.fixture()
 def policy(tiny_model_dir):
     torch.manual_seed(0)
-    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0)
+    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0)
     _randomize_lora_b(policy.model, seed=1)
     return policy
 
@@ -81,7 +82,7 @@ def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_s
 
 def test_folding_can_be_switched_off_and_then_samples_through_peft(tiny_model_dir):
     torch.manual_seed(0)
-    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, fast=FastPaths(fold_lora=False))
+    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, fast=FastPaths(fold_lora=False))
     _randomize_lora_b(policy.model, seed=1)
     prompt = policy.prompts.render([{"role": "user", "content": "name a colour"}], None)
     assert policy.sampler.fast.merged is None

@@ -9,8 +9,9 @@ import pytest
 import torch
 from random_model import SHAPES, build
 
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_the_architecture_is_the_shapes_and_the_vocabulary_the_tokenizers(random
 
 
 def test_grooves_samples_and_takes_a_gradient_step_on_it(random_qwen):
-    policy = TransformersPolicy(str(random_qwen), lora=LoraSettings(rank=4, alpha=8), seed=0)
+    policy = TransformersPolicy(str(random_qwen), lora=LoraConfig(rank=4, alpha=8), seed=0)
     prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
     [completions] = policy.generate([prompt], [SamplingParams(n=2, max_tokens=6, seed=0)])
     assert len(completions) == 2

@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grooves.config import parse_config
+from grooves.config import LoraConfig, parse_config
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 from grooves.policy.vllm import (
     AdapterPublisher,
     completion_from_vllm,
@@ -31,7 +31,7 @@ from grooves.train.loop import build_policy
 
 @pytest.fixture(scope="module")
 def trainable(tiny_model_dir):
-    return TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0)
+    return TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0)
 
 
 def test_lora_rank_cap_is_the_smallest_rank_vllm_accepts():
@@ -122,7 +122,7 @@ def _gpu_policy(model_dir, tmp_path):
     from grooves.policy.vllm import VLLMPolicy
 
     return VLLMPolicy(
-        str(model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", device="cuda", seed=0,
+        str(model_dir), lora=LoraConfig(rank=4, alpha=8), dtype="float32", device="cuda", seed=0,
         served_name="tiny", gpu_memory_utilization=0.2, enforce_eager=True, adapter_dir=tmp_path / "adapters",
     )  # fmt: skip
 

@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 
 from grooves.adapters.registry import AdapterRegistry
 from grooves.cli import app as cli_app
+from grooves.config import parse_sft_config
 from grooves.policy.prompts import PromptState
 from grooves.policy.sampling import Completion, SamplingParams
-from grooves.train.sft import ChatError, chat_to_sequence, parse_sft_config, read_chats, sft
+from grooves.train.sft import ChatError, chat_to_sequence, read_chats, sft
 from tiny_models import build_tiny_tokenizer
 
 CHAT = [
@@ -128,7 +129,8 @@ def test_a_step_starts_from_zeroed_gradients(tiny_model_dir, tmp_path):
     """Gradients left in `.grad` by an earlier caller do not leak into the step (as in RL's `optimize`)."""
     import torch
 
-    from grooves.policy.transformers import LoraSettings, TransformersPolicy
+    from grooves.config import LoraConfig
+    from grooves.policy.transformers import TransformersPolicy
     from grooves.train.sft import load_sequences, sft_step
 
     config = parse_sft_config({"data": "unused.jsonl", "optim": {"grad_clip": 1e9}})
@@ -136,7 +138,7 @@ def test_a_step_starts_from_zeroed_gradients(tiny_model_dir, tmp_path):
 
     def update(stale: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)  # the same LoRA initialization both times
-        policy = TransformersPolicy(str(tiny_model_dir), lora=LoraSettings(rank=2, alpha=4))
+        policy = TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=2, alpha=4))
         params = [p for p in policy.model.parameters() if p.requires_grad]
         before = [p.detach().clone() for p in params]
         if stale:

@@ -194,9 +194,10 @@ def policy(peaked_model_dir):
     """A tiny policy whose LoRA B is not zero, so both A and B get gradients."""
     import torch
 
-    from grooves.policy.transformers import LoraSettings, TransformersPolicy
+    from grooves.config import LoraConfig
+    from grooves.policy.transformers import TransformersPolicy
 
-    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraSettings(rank=4, alpha=8), seed=0, served_name="tiny")
+    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, served_name="tiny")
     torch.manual_seed(0)
     for name, p in policy.model.named_parameters():
         if "lora_B" in name:

@@ -74,8 +74,8 @@ def sft_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
 ) -> None:
     """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
-    from grooves.config import ConfigError, parse_overrides
-    from grooves.train.sft import ChatError, load_sft_config, sft
+    from grooves.config import ConfigError, load_sft_config, parse_overrides
+    from grooves.train.sft import ChatError, sft
 
     try:
         overrides = parse_overrides(set_)

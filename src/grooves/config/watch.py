@@ -4,23 +4,22 @@ Every threshold is scale-free where it can be (robust z-scores, multiples of the
 spread, ratios to a baseline taken from the run's first steps), because grooves cannot know
 whether a reward lives in [0, 1] or in [0, 200]. Defaults were chosen by measuring the
 false-positive rate on seeded healthy synthetic runs (`benchmarks/bench_watch_fpr.py`).
-The section loads from the run file's `[watch]` table; unknown keys are errors.
+The section loads from the run file's `[watch]` table; unknown keys are errors. `grooves.watch`
+re-exports these models.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from grooves.config.base import Section
 
 Severity = Literal["info", "warning", "critical"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class RewardJumpConfig(_Section):
+class RewardJumpConfig(Section):
     """The mean reward leaves its recent band within a few steps."""
 
     enabled: bool = True
@@ -45,7 +44,7 @@ class RewardJumpConfig(_Section):
     """A jump alone may be a real breakthrough, so it warns; collapse and independence confirm a hack."""
 
 
-class CollapseConfig(_Section):
+class CollapseConfig(Section):
     """Outputs for different inputs become the same or nearly the same."""
 
     enabled: bool = True
@@ -67,7 +66,7 @@ class CollapseConfig(_Section):
     severity: Severity = "critical"
 
 
-class InputIndependenceConfig(_Section):
+class InputIndependenceConfig(Section):
     """The output no longer depends on its input."""
 
     enabled: bool = True
@@ -92,7 +91,7 @@ class InputIndependenceConfig(_Section):
     severity: Severity = "critical"
 
 
-class LengthDriftConfig(_Section):
+class LengthDriftConfig(Section):
     """Completion length moves far from where the run started."""
 
     enabled: bool = True
@@ -109,7 +108,7 @@ class LengthDriftConfig(_Section):
     severity: Severity = "warning"
 
 
-class CheckDivergenceConfig(_Section):
+class CheckDivergenceConfig(Section):
     """The trained reward rises while an independent check (held-out metric, second judge) falls."""
 
     enabled: bool = True
@@ -132,7 +131,7 @@ class CheckDivergenceConfig(_Section):
     severity: Severity = "critical"
 
 
-class InspectConfig(_Section):
+class InspectConfig(Section):
     """Sampled inspection pages: what a person reads to see the cheat early."""
 
     every: int = Field(10, ge=0)
@@ -144,7 +143,7 @@ class InspectConfig(_Section):
     """Inputs and outputs longer than this are cut on the page (the JSONL keeps them whole)."""
 
 
-class WatchConfig(_Section):
+class WatchConfig(Section):
     """The `[watch]` table of a run file."""
 
     enabled: bool = True

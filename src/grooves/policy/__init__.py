@@ -22,14 +22,11 @@ def policy_for(
     without `vllm` settings: SFT samples only to validate) a `TransformersPolicy`. Each backend
     is imported here, when chosen: a CPU install never needs vLLM.
     """
-    from grooves.policy.transformers import LoraSettings
-
-    adapter = LoraSettings(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=tuple(lora.target_modules))
     if model.backend == "vllm" and vllm is not None:
         from grooves.policy.vllm import VLLMPolicy
 
         return VLLMPolicy(
-            model.base_model, lora=adapter, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
+            model.base_model, lora=lora, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
             seed=seed, served_name=served_name, gpu_memory_utilization=vllm.gpu_memory_utilization,
             sleep_level=vllm.sleep_level, max_model_len=vllm.max_model_len, enforce_eager=vllm.enforce_eager,
             fast=model.fast,
@@ -37,6 +34,6 @@ def policy_for(
     from grooves.policy.transformers import TransformersPolicy
 
     return TransformersPolicy(
-        model.base_model, lora=adapter, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
+        model.base_model, lora=lora, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
         seed=seed, served_name=served_name, fast=model.fast,
     )  # fmt: skip

@@ -17,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from grooves.config import FastMode
+from grooves.config import FastMode, LoraConfig
 from grooves.models import resolve_model
 from grooves.policy import fast as speed
 from grooves.policy.adapters import PeftAdapters
@@ -31,20 +30,10 @@ from grooves.policy.prompts import PromptState, end_of_turn_ids
 from grooves.policy.sampling import Completion, Sampler, SamplingParams
 
 
-@dataclass
-class LoraSettings:
-    """LoRA adapter shape. rank 1 works; alpha/rank sets the update scale."""
-
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 def load_model(
     base_model: str,
     *,
-    lora: LoraSettings | None = None,
+    lora: LoraConfig | None = None,
     adapter_path: str | Path | None = None,
     dtype: str = "float32",
     device: str = "cpu",
@@ -63,11 +52,12 @@ def load_model(
 
         model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
     elif lora is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
 
         model = get_peft_model(
             model,
-            LoraConfig(
+            PeftLoraConfig(
                 r=lora.rank,
                 lora_alpha=lora.alpha,
                 lora_dropout=lora.dropout,
@@ -85,7 +75,7 @@ class TransformersPolicy:
         self,
         base_model: str,
         *,
-        lora: LoraSettings | None = None,
+        lora: LoraConfig | None = None,
         adapter_path: str | Path | None = None,
         dtype: str = "float32",
         device: str = "cpu",

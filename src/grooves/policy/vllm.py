@@ -47,13 +47,13 @@ from typing import Any
 
 import torch
 
-from grooves.config import FastMode
+from grooves.config import FastMode, LoraConfig
 from grooves.models import resolve_model
 from grooves.policy import fast as speed
 from grooves.policy.fast import FastPaths
 from grooves.policy.prompts import PromptState, end_of_turn_ids
 from grooves.policy.sampling import Completion, SamplingParams
-from grooves.policy.transformers import LoraSettings, load_model
+from grooves.policy.transformers import load_model
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for `max_lora_rank`."""
@@ -211,7 +211,7 @@ class VLLMPolicy:
         self,
         base_model: str,
         *,
-        lora: LoraSettings,
+        lora: LoraConfig,
         dtype: str = "bfloat16",
         device: str = "cuda",
         tool_format: str | None = None,

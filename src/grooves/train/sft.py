@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from grooves.config.run import ConfigError, LoraConfig, ModelConfig, _format, _set_nested
+from grooves.config.base import dump
+from grooves.config.sft import SftConfig
 from grooves.core.forward import token_logprobs
 from grooves.core.gather import gather
 from grooves.core.handle import ModelHandle
@@ -59,80 +59,6 @@ from grooves.train.data import ScenarioStream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
 from grooves.train.step import gradient_step
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class SftOptimConfig(_Section):
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate. SFT on LoRA tolerates ~1e-4..2e-4; RL wants less (its targets move)."""
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(4096, ge=16)
-    """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
-
-
-class SftValidationConfig(_Section):
-    task: str | None = None
-    """A task (as in `grooves train`) whose validation split scores the adapter; unset: no validation."""
-    task_options: dict[str, str | int | float | bool] = {}
-    every: int = Field(0, ge=0)
-    """Validate every K steps (0 = only before the first and after the last step)."""
-    scenarios: int = Field(32, ge=1)
-    temperature: float = Field(0.7, ge=0, le=2)
-    max_tokens: int = Field(64, ge=1)
-
-
-class SftLoggingConfig(_Section):
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
-    progress: bool = True
-
-
-class SftConfig(_Section):
-    name: str = "sft"
-    output_dir: str = "runs/sft"
-    seed: int = 0
-    data: str
-    """JSONL file of chats: {"messages": [...], "tools": [...]} per line."""
-    batch_size: int = Field(8, ge=1)
-    """Chats per optimizer step."""
-    epochs: float = Field(1.0, gt=0)
-    """Passes over the data; ignored when `steps` is set."""
-    steps: int | None = Field(None, ge=1)
-    """Optimizer steps; default ceil(epochs x chats / batch_size)."""
-    model: ModelConfig = ModelConfig()
-    lora: LoraConfig = LoraConfig()
-    optim: SftOptimConfig = SftOptimConfig()
-    validation: SftValidationConfig = SftValidationConfig()
-    logging: SftLoggingConfig = SftLoggingConfig()
-
-
-def parse_sft_config(data: dict) -> SftConfig:
-    try:
-        return SftConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc)) from None
-
-
-def load_sft_config(path: str | Path | None, overrides: dict | None = None) -> SftConfig:
-    """Read an SFT run file (or start from defaults when `path` is None); `overrides` win."""
-    import tomllib
-
-    data: dict = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such run file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    for key, value in (overrides or {}).items():
-        _set_nested(data, key.split("."), value)
-    return parse_sft_config(data)
 
 
 # ---- chats -> sequences --------------------------------------------------------------------
@@ -262,12 +188,11 @@ def _validation_handle(config: SftConfig, policy):
 
 async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
-    import tomli_w
     from tqdm.auto import tqdm
 
     run_dir = Path(config.output_dir)
     log = RunLog(run_dir)
-    config_toml = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+    config_toml = dump(config)
     (run_dir / "config.toml").write_text(config_toml)
     seed_everything(config.seed)
     policy = _policy(config)

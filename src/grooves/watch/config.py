@@ -11,4 +11,7 @@ from grooves.config.watch import (
     WatchConfig,
 )
 
-__all__ = ["CheckDivergenceConfig", "CollapseConfig", "InputIndependenceConfig", "InspectConfig", "LengthDriftConfig", "RewardJumpConfig", "Severity", "WatchConfig"]
+__all__ = [
+    "CheckDivergenceConfig", "CollapseConfig", "InputIndependenceConfig", "InspectConfig", "LengthDriftConfig",
+    "RewardJumpConfig", "Severity", "WatchConfig",
+]

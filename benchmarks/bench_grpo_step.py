@@ -68,7 +68,7 @@ def grooves_worker(args) -> None:
     from grooves.train.checkpoint import seed_everything
     from grooves.train.loop import build_policy
     from grooves.train.optim import adamw
-    from grooves.train.step import optimize, to_sequences
+    from grooves.train.step import optimize, run_loss, to_sequences
 
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate(
@@ -94,6 +94,7 @@ def grooves_worker(args) -> None:
     handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    loss = run_loss(config)
 
     async def rollout(model, scenario) -> Trajectory:
         traj = Trajectory(messages=messages(scenario["country"]))
@@ -112,7 +113,7 @@ def grooves_worker(args) -> None:
             groups = await gather(rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,))
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
-            optimize(policy, optimizer, seqs, config)
+            optimize(policy, optimizer, seqs, loss, config.optim)
             policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]

@@ -7,7 +7,19 @@ import math
 import pytest
 import torch
 
-from grooves.core.loss import POLICY_LOSSES, aggregate, cispo, compute_loss, gspo, kl_penalty, ppo_clip
+from grooves.config import AlgorithmConfig
+from grooves.core.loss import (
+    POLICY_LOSSES,
+    Loss,
+    StepCounts,
+    aggregate,
+    build_loss,
+    cispo,
+    compute_loss,
+    gspo,
+    kl_penalty,
+    ppo_clip,
+)
 
 LOG = math.log
 
@@ -263,3 +275,34 @@ def test_compute_loss_errors():
         compute_loss(lp, lp_old, adv, mask, seq_ids, policy_loss="reinforce", **common)
     with pytest.raises(ValueError, match="needs reference logprobs"):
         compute_loss(lp, lp_old, adv, mask, seq_ids, policy_loss="ppo", beta=0.1, **common)
+
+
+def test_the_loss_built_from_the_algorithm_section_is_compute_loss_with_its_settings():
+    lp, lp_old, adv, mask, seq_ids = _ratio_case()
+    lp_ref = lp.detach() - LOG(2)  # d = -log 2 on every token: k3 = 0.5 + log 2 - 1
+    algorithm = AlgorithmConfig(loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="token_mean", kl_beta=0.1, kl_kind="k3")
+    loss_fn = build_loss(algorithm, max_completion_tokens=4)
+    assert loss_fn.needs_reference and not build_loss(AlgorithmConfig(), max_completion_tokens=4).needs_reference
+    loss, stats = loss_fn(lp, lp_old, adv, mask, seq_ids, lp_ref=lp_ref)
+    policy = (-1.28 - 0.5 - 1.1 + 1.5 + 0.8 + 1.1) / 6
+    assert loss.item() == pytest.approx(policy + 0.1 * (0.5 + LOG(2) - 1), abs=1e-6)
+    assert stats["policy_loss"] == pytest.approx(policy, abs=1e-6)
+
+
+def test_the_built_loss_divides_by_the_step_and_every_rollout_it_asked_for():
+    """Dr. GRPO's constant: the step's 6 rollouts x 4 tokens, whatever this micro-batch holds."""
+    lp, _, adv, mask, seq_ids = _ratio_case()
+    on_policy = lp.detach().clone()  # ratio 1: the loss is -sum(A) over sampled tokens / the constant
+    constant = build_loss(AlgorithmConfig(aggregation="constant"), max_completion_tokens=4, rollouts_per_step=6)
+    loss, _ = constant(lp, on_policy, adv, mask, seq_ids, counts=StepCounts(num_sequences=2, num_tokens=6))
+    assert loss.item() == pytest.approx((-3 + 3) / 24)
+    token_mean = build_loss(AlgorithmConfig(), max_completion_tokens=4)
+    first_row, _ = token_mean(lp[:1], on_policy[:1], adv[:1], mask[:1], seq_ids[:1], counts=StepCounts(2, 6))
+    assert first_row.item() == pytest.approx(-3 / 6)  # one micro-batch's share of the step's token mean
+
+
+def test_a_loss_with_an_unknown_setting_is_refused_when_built():
+    with pytest.raises(ValueError, match="unknown policy loss 'reinforce'; allowed: cispo, gspo, ppo"):
+        Loss(policy_loss="reinforce", eps_low=0.2, eps_high=0.28, aggregation="token_mean", max_completion_tokens=4)
+    with pytest.raises(ValueError, match="unknown loss aggregation 'sum'"):
+        Loss(policy_loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="sum", max_completion_tokens=4)

@@ -220,14 +220,14 @@ def _update(policy, seqs, config, stale_grad: float | None = None) -> tuple[dict
     """(parameter change, stats) of one `optimize` with SGD at lr 1 and no clipping: the change is -gradient."""
     import torch
 
-    from grooves.train.step import optimize
+    from grooves.train.step import optimize, run_loss
 
     before = _trainable(policy)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     if stale_grad is not None:  # what an earlier, unfinished step could have left behind
         for p in params:
             p.grad = torch.full_like(p, stale_grad)
-    stats = optimize(policy, torch.optim.SGD(params, lr=1.0), seqs, config)
+    stats = optimize(policy, torch.optim.SGD(params, lr=1.0), seqs, run_loss(config), config.optim)
     after = _trainable(policy)
     _restore(policy, before)
     return {n: after[n] - before[n] for n in before}, stats
@@ -334,7 +334,7 @@ def test_optimize_starts_from_zeroed_gradients(policy, peaked_model_dir, tmp_pat
 def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peaked_model_dir, tmp_path):
     """Dr. GRPO: sum of token losses / (groups_per_step x group_size x max_tokens), a dropped group included."""
     from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
-    from grooves.train.step import optimize, to_sequences
+    from grooves.train.step import optimize, run_loss, to_sequences
 
     prompt = [1, 30, 31, 32, 2]
 
@@ -355,7 +355,7 @@ def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peake
 
     params = [p for p in policy.model.parameters() if p.requires_grad]
     before = _trainable(policy)
-    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), _on_policy(policy, seqs), config)
+    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), _on_policy(policy, seqs), run_loss(config), config.optim)
     _restore(policy, before)
     # on-policy PPO: each token's loss is -A; (3 x -0.5 + 2 x 0.5) / (2 groups x 2 rollouts x 4 tokens)
     assert stats["loss"] == pytest.approx(-0.5 / 16, abs=1e-6)
@@ -371,7 +371,7 @@ def test_turns_are_trained_at_the_temperature_they_were_sampled_at(policy, peake
     from grooves.core.handle import ModelHandle
     from grooves.core.trajectory import Trajectory, TrajectoryGroup
     from grooves.serve.app import inprocess_client
-    from grooves.train.step import optimize, to_sequences
+    from grooves.train.step import optimize, run_loss, to_sequences
 
     async def rollouts():
         client = inprocess_client(policy)
@@ -393,7 +393,7 @@ def test_turns_are_trained_at_the_temperature_they_were_sampled_at(policy, peake
     assert {t for s in seqs for t, m in zip(s.temperatures, s.sampled_mask, strict=True) if m} == {0.5, 1.0}
     params = [p for p in policy.model.parameters() if p.requires_grad]
     before = _trainable(policy)
-    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), seqs, config)
+    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), seqs, run_loss(config), config.optim)
     _restore(policy, before)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert stats["mismatch_abs_max"] < 1e-3 and stats["clip_fraction"] == 0.0

@@ -10,14 +10,20 @@ A policy loss returns the per-token loss (zero off the mask) and which tokens we
 token losses become one number is a separate choice (`aggregate`), because the papers differ in
 exactly that. `POLICY_LOSSES` names the variants for the config; they share one signature.
 `compute_loss` is the one place that puts policy loss, KL penalty and aggregation together and
-measures the sampler/trainer logprob mismatch.
+measures the sampler/trainer logprob mismatch. A run configures it once: `build_loss` turns the
+`[algorithm]` section into a `Loss`, which the trainer calls on each micro-batch's tensors and the
+step's token and sequence counts.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, get_args
 
 import torch
+
+if TYPE_CHECKING:
+    from grooves.config import AlgorithmConfig
 
 AggregationMode = Literal["token_mean", "sequence_mean", "constant"]
 KLKind = Literal["k1", "k2", "k3"]
@@ -267,6 +273,76 @@ def compute_loss(
             total = total + beta * kl_part
             stats["kl_loss"] = float(kl_part.detach())
     return total, stats
+
+
+class StepCounts(NamedTuple):
+    """The whole optimizer step's normalizers, passed with each of its micro-batches (see `aggregate`)."""
+
+    num_sequences: int
+    """Sequences trained this step."""
+    num_tokens: int
+    """Sampled tokens trained this step."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """`compute_loss` with one run's settings: called with a micro-batch's tensors and the step's counts.
+
+    `loss(lp, lp_old, adv, mask, seq_ids, counts=..., lp_ref=...)` returns (loss, stats) exactly as
+    `compute_loss` with `policy_loss`, the clip range, `aggregation`, `beta` and `kl_kind` set here,
+    `num_rollouts = rollouts_per_step` (Dr. GRPO's constant counts every rollout the step asked
+    for) and the step's `counts` (None: this batch's own). `lp_ref` is needed when `beta` > 0.
+    """
+
+    policy_loss: str
+    eps_low: float
+    eps_high: float
+    aggregation: AggregationMode
+    max_completion_tokens: int
+    beta: float = 0.0
+    kl_kind: KLKind = "k3"
+    rollouts_per_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy loss {self.policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
+        if self.aggregation not in get_args(AggregationMode):
+            raise ValueError(f"unknown loss aggregation {self.aggregation!r}; allowed: {', '.join(get_args(AggregationMode))}")
+        if self.kl_kind not in get_args(KLKind):
+            raise ValueError(f"unknown KL estimator {self.kl_kind!r}; allowed: {', '.join(get_args(KLKind))}")
+
+    @property
+    def needs_reference(self) -> bool:
+        """The KL penalty is on: each micro-batch needs `lp_ref`, its logprobs with the adapter disabled."""
+        return self.beta != 0.0
+
+    def __call__(
+        self,
+        lp: torch.Tensor,
+        lp_old: torch.Tensor,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        seq_ids: torch.Tensor,
+        *,
+        counts: StepCounts | None = None,
+        lp_ref: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return compute_loss(
+            lp, lp_old, adv, mask, seq_ids, policy_loss=self.policy_loss, eps_low=self.eps_low, eps_high=self.eps_high,
+            aggregation=self.aggregation, max_completion_tokens=self.max_completion_tokens, lp_ref=lp_ref,
+            beta=self.beta, kl_kind=self.kl_kind, num_sequences=counts.num_sequences if counts else None,
+            num_tokens=counts.num_tokens if counts else None, num_rollouts=self.rollouts_per_step,
+        )  # fmt: skip
+
+
+def build_loss(algorithm: AlgorithmConfig, *, max_completion_tokens: int, rollouts_per_step: int | None = None) -> Loss:
+    """The run's loss from its `[algorithm]` section; `max_completion_tokens` is `rollout.max_tokens`
+    and `rollouts_per_step` `groups_per_step x group_size` (both used by the constant aggregation)."""
+    return Loss(
+        policy_loss=algorithm.loss, eps_low=algorithm.eps_low, eps_high=algorithm.eps_high,
+        aggregation=algorithm.aggregation, max_completion_tokens=max_completion_tokens, beta=algorithm.kl_beta,
+        kl_kind=algorithm.kl_kind, rollouts_per_step=rollouts_per_step,
+    )  # fmt: skip
 
 
 def _ratio_stats(

@@ -60,7 +60,7 @@ from grooves.train.checkpoint import (
 from grooves.train.data import train_stream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
-from grooves.train.step import optimize, to_sequences
+from grooves.train.step import optimize, run_loss, to_sequences
 from grooves.watch import Watch
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
@@ -120,6 +120,7 @@ async def run(
         handle = ModelHandle(client, policy.served_name, r.temperature, r.top_p, r.max_tokens, seed=config.seed)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+        loss = run_loss(config)  # [algorithm], configured once
         stream = train_stream(task, config.seed)  # ScenarioStream; per-task streams drawn by weight for a mixture
         rollouts = start_rollouts(config.rollout, task.rollout, policy)  # in this process, or Ray actors over HTTP
         closing.callback(rollouts.close)
@@ -162,7 +163,7 @@ async def run(
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             _check_on_policy(groups, policy.adapters.version)
             seqs, seq_stats = to_sequences(groups, config)
-            train_stats = optimize(policy, optimizer, seqs, config) if seqs else {"loss": 0.0}
+            train_stats = optimize(policy, optimizer, seqs, loss, config.optim) if seqs else {"loss": 0.0}
             policy.adapters.bump()
             t_train = time.perf_counter()
 

@@ -1,8 +1,8 @@
 """One optimizer step: scored groups -> advantages -> token sequences -> loss -> one update.
 
 `to_sequences` turns a step's groups into training sequences (advantages per group, token in,
-token out); `optimize` accumulates the loss over memory-sized micro-batches and applies one
-update. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
+token out); `optimize` accumulates the run's loss (`run_loss`: built once from `[algorithm]`)
+over memory-sized micro-batches and applies one update. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
 policy's weights for: the policy's lock and training phase, gradients zeroed first (the update
 is this step's gradient alone, whatever an earlier caller left in `.grad`) and again after.
 """
@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from grooves.config import RunConfig
+from grooves.config import OptimConfig, RunConfig
 from grooves.core.advantage import group_advantages
 from grooves.core.batching import micro_batches
 from grooves.core.forward import shared_prefix_logprobs, token_logprobs
-from grooves.core.loss import compute_loss
+from grooves.core.loss import Loss, StepCounts, build_loss
 from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
@@ -47,6 +47,13 @@ def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list
         "prefix_breaks": float(breaks),
     }
     return seqs, stats
+
+
+def run_loss(config: RunConfig) -> Loss:
+    """The run's loss, configured once: `[algorithm]`, with `rollout.max_tokens` and the step's
+    rollout count (groups_per_step x group_size) for Dr. GRPO's constant."""
+    r = config.rollout
+    return build_loss(config.algorithm, max_completion_tokens=r.max_tokens, rollouts_per_step=r.groups_per_step * r.group_size)
 
 
 @contextlib.contextmanager
@@ -86,7 +93,7 @@ _MAX_STATS = ("mismatch_abs_max",)
 weighted by each micro-batch's share of the step's sampled tokens."""
 
 
-def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], config: RunConfig) -> dict[str, float]:
+def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss, opt: OptimConfig) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
 
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
@@ -94,29 +101,22 @@ def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], config: RunCo
     `optim.on_nonfinite = "skip"` one line says so and the stats carry `nonfinite_skipped = 1`; with
     "stop" `NonFiniteStep` is raised.
     """
-    alg, opt = config.algorithm, config.optim
     batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
-    num_tokens = sum(s.num_sampled for s in seqs)
-    # Dr. GRPO's constant counts every rollout the step asked for, dropped groups included
-    num_rollouts = config.rollout.groups_per_step * config.rollout.group_size
+    counts = StepCounts(num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs))  # the whole step's
     params = [p for p in policy.model.parameters() if p.requires_grad]
     totals: dict[str, float] = {}
     with gradient_step(policy, optimizer) as model:
         for batch, prefix_len in batches:
             lp, entropy = _logprobs(model, batch, prefix_len)  # [B, T]
             lp_ref = None
-            if alg.kl_beta > 0:
+            if loss_fn.needs_reference:
                 with torch.no_grad(), model.disable_adapter():
                     lp_ref, _ = _logprobs(model, batch, prefix_len)
-            loss, stats = compute_loss(
-                lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
-                policy_loss=alg.loss, eps_low=alg.eps_low, eps_high=alg.eps_high,
-                aggregation=alg.aggregation, max_completion_tokens=config.rollout.max_tokens,
-                lp_ref=lp_ref, beta=alg.kl_beta, kl_kind=alg.kl_kind,
-                num_sequences=len(seqs), num_tokens=num_tokens, num_rollouts=num_rollouts,
-            )  # fmt: skip
+            loss, stats = loss_fn(
+                lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids, counts=counts, lp_ref=lp_ref
+            )
             loss.backward()
-            share = float(batch.sampled_mask.sum()) / max(num_tokens, 1)
+            share = float(batch.sampled_mask.sum()) / max(counts.num_tokens, 1)
             stats["token_entropy_mean"] = float(entropy[batch.sampled_mask].mean()) if batch.sampled_mask.any() else 0.0
             stats["loss"] = float(loss.detach())
             _accumulate(totals, stats, share)

@@ -65,7 +65,7 @@ def serve_command(
         table.add(name, path)
     console.print(f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False)
     if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
-        # libgomp's spinning threads slowed the sampler 5-15x when other processes shared the cores
+        # libgomp's spinning threads stall the sampler when other processes share the cores (docs/speed.md, change 2)
         console.print("tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)", highlight=False)
     limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
     app = create_app(policy, max_n=max_n, adapters=table, **{k: v for k, v in limits.items() if v is not None})

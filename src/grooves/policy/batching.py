@@ -7,10 +7,10 @@ as one batch on a worker thread (the event loop stays free for HTTP while torch 
 
 The wait is a quiet window, not a fixed one: it ends when no request has arrived for `window_s`
 (or after `max_wait_s` in all). The rollouts of one GRPO group reach the scheduler a few
-milliseconds apart (each renders its chat template first, more slowly on a busy machine); a fixed
-window split such a group into two batches, and the second waited for the whole first decode,
-doubling the step's generation time. Decoding is memory-bound on CPU, so a larger batch costs
-little more than a small one and waiting a few milliseconds more is cheap.
+milliseconds apart (each renders its chat template first, more slowly on a busy machine), and a
+window of fixed length can close in the middle of a group: its second part would then wait for
+the whole decode of the first. Decoding is memory-bound on CPU, so a larger batch costs little
+more than a small one and waiting a few milliseconds more is cheap (docs/speed.md, change 1).
 
 With several LoRA adapters served on one base, a batch is split by adapter and each part is
 sampled with its adapter active, one part after the other. (peft can mix adapters within one

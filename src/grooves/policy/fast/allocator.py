@@ -1,18 +1,15 @@
 """Keep freed big blocks in the process instead of giving them back to the kernel (glibc, CPU).
 
 A GRPO step on a CPU allocates and frees many tensors of tens of MB: the output head's logits
-over a 49k-token vocabulary are 40 MB in float32 for 200 positions, and the log-softmax, its
-backward and the gradient of the logits are as large again. glibc's malloc serves every block
-above its mmap threshold (which it never raises past 32 MiB) with a fresh `mmap` and unmaps it on
-`free`, so each such tensor faults all its pages in again, zeroed by the kernel: 64,494 minor
-page faults in a step of the benchmarked GRPO step with glibc's defaults
-(`benchmarks/bench_grpo_step.py --glibc-malloc`). With mmap off for the heap and trimming
-raised, freed blocks are reused and a step takes 10-27. It is what preloading jemalloc or tcmalloc does
-in PyTorch's CPU tuning advice, without another library.
+over the vocabulary for a few hundred positions, the log-softmax, its backward and the gradient
+of the logits. glibc's malloc serves every block above its mmap threshold (which it never raises
+past 32 MiB) with a fresh `mmap` and unmaps it on `free`, so each such tensor faults all its
+pages in again, zeroed by the kernel. With mmap off for the heap and trimming raised, freed
+blocks are reused instead (docs/speed.md, change 11, counts the page faults per step). It is what
+preloading jemalloc or tcmalloc does in PyTorch's CPU tuning advice, without another library.
 
 The cost: memory that torch frees stays with the process, so its resident size stays near its
-peak between steps instead of dropping. Set `model.reuse_freed_memory = false` to keep glibc's
-defaults.
+peak between steps instead of dropping. `model.fast = "off"` keeps glibc's defaults.
 """
 
 from __future__ import annotations

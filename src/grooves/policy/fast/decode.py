@@ -45,15 +45,15 @@ class MatmulPlan:
     by timing real decode steps.
 
     At a few rows the two forms are the same product through different BLAS kernels, and which is
-    faster depends on the CPU, the row count and what else the step does. On an AMD EPYC with MKL,
-    a loop over SmolLM2-135M's 30 blocks of weights favoured `(W x^T)^T` (12.7 against 40.3 ms at
-    4 rows, 28.8 against 34.0 at 8), yet real decode steps at 8 rows ran slower in that form (8 x 32
-    tokens: 3.37 against 2.60 s). So the plan times the decode steps themselves: the first
-    `trials` steps at each row count in each form, alternating, then the faster (by a clear
-    margin, else `x W^T`). Nothing extra runs; the plan persists across batches.
+    faster depends on the CPU, the row count and what else the step does: a loop over the blocks'
+    weights alone can favour the form that real decode steps run slower (docs/speed.md, change 14).
+    So the plan times the decode steps themselves: the first `trials` steps at each row count in
+    each form, alternating, then the faster (by a clear margin, else `x W^T`). Nothing extra
+    runs; the plan persists across batches.
 
     Without a plan every step runs `x W^T`, untimed: the two forms round differently, and a choice
     made by timing can differ between two runs of one seed, which then sample different tokens.
+    No `model.fast` value turns it on; the benchmarks do (`FastPaths(timed_blocks=True)`).
     """
 
     def __init__(self, trials: int = 2, margin: float = 0.9):

@@ -3,10 +3,10 @@ scale and the sum in one matmul.
 
 peft computes `result + lora_B(lora_A(dropout(x))) * scaling`: after the two thin matmuls it
 multiplies the [tokens, out] update by the scale and adds it to the base output, two elementwise
-passes in the forward and one more (the scale's gradient) in the backward, in each of the 210
-LoRA layers of SmolLM2-135M. On a CPU with a few hundred packed tokens those passes are a tenth
-of a training step. `torch.addmm` folds the scale and the sum into the B matmul's epilogue, and
-autograd differentiates it as it is (the same gradients, up to float rounding).
+passes in the forward and one more (the scale's gradient) in the backward, in every LoRA layer.
+`torch.addmm` folds the scale and the sum into the B matmul's epilogue, and autograd
+differentiates it as it is (the same gradients, up to float rounding). docs/speed.md (change 15)
+measures what it saves.
 
 Only plain LoRA layers change: one active adapter, no dropout (p = 0), no DoRA or other variant,
 not merged, adapters enabled. Any other layer, or one whose state changes inside the block

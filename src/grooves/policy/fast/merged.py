@@ -1,21 +1,21 @@
 """Sampling with the LoRA adapter folded into the weights: one matmul per layer instead of three.
 
 A peft LoRA layer computes `x W^T + s (x A^T) B^T`: the base matmul plus two thin ones and their
-elementwise glue, 7 of them in each of the 30 blocks of SmolLM2-135M. In a decode step at 8 rows
-every op is tiny and the thin matmuls and glue cost about a third of the step on a CPU. Sampling
-needs no gradients, so it can run on `W' = W + s B A` instead (the same function, up to float
-rounding, ~1e-5 in a token's logprob), and training keeps the unmerged layers it differentiates.
+elementwise glue, in every adapted layer. In a decode step at a few rows every op is tiny, and on
+a CPU the thin matmuls and glue are a large share of the step. Sampling needs no gradients, so it
+can run on `W' = W + s B A` instead (the same function, up to float rounding), and training keeps
+the unmerged layers it differentiates. docs/speed.md (change 6) measures it.
 
 The folded weights live in their own buffers, swapped in for the duration of a sampling batch
 and swapped out after, so the base weights are never changed: peft's in-place
 `merge_adapter` / `unmerge_adapter` would add and subtract the update at every step and let
 rounding walk the frozen base weights away from the checkpoint. The cost is one extra copy of the
-adapted weights in memory (~400 MiB in float32 for SmolLM2-135M with all seven projections).
+adapted weights in memory.
 The buffers of layers that read the same input in one block (q, k, v, o; gate, up) are
 consecutive rows of one allocation, which the sampler's decoder runs as a single matmul.
 
 The buffers are refreshed only when an adapter weight changed since the last refresh. What
-tells is a copy of the adapter weights each fold was made from (a few MiB), compared exactly
+tells is a copy of the adapter weights each fold was made from (small: A and B only), compared exactly
 before every sampling batch: torch's per-tensor version counter would be cheaper but misses
 writers that bypass it (torch's fused AdamW updates its parameters without bumping it).
 """

@@ -2,13 +2,13 @@
 
 A decode step multiplies 1-8 rows by the output head, the largest weight of a small model
 (SmolLM2-135M: [49152, 576], a fifth of its weights). How fast the BLAS runs `x W^T` at so few
-rows varies a lot between CPUs, and on some (MKL on an AMD EPYC) `(W x^T)^T`, the same product
-as a tall-skinny matmul, is several times faster at 2 rows. So each row count's form is timed once on the head's own weight and the
+rows varies a lot between CPUs, and on some `(W x^T)^T`, the same product as a tall-skinny
+matmul, runs faster. So each row count's form is timed once on the head's own weight and the
 faster one is kept (`HeadPlan`); a single row (a matrix-vector product) and prefill-sized
-batches keep the usual form. The result is the same product; only float rounding may differ.
-
-Only the head is planned: for the transformer blocks' smaller weights the faster form varied
-with shape and row count.
+batches keep the usual form. The result is the same product; only float rounding may differ, so
+a timing taken on a busy machine can make two runs of one seed sample differently: the head is
+planned only with `model.fast = "timed"` (docs/speed.md, changes 9, 16 and 17). The blocks'
+weights have a plan of their own, `decode.MatmulPlan`, timed on whole decode steps.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ hn-demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
@@ -62,6 +63,7 @@ gpu-bundle: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

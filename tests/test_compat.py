@@ -21,7 +21,7 @@ MOVED = {
     "grooves.optim": ("grooves.train.optim",),
     "grooves.server": ("grooves.serve.app", "grooves.serve.chat", "grooves.serve.errors", "grooves.serve.schemas"),
     "grooves.adapters.live": ("grooves.serve.routing",),
-    "grooves.policy.transformers_policy": ("grooves.policy.transformers", "grooves.policy.base", "grooves.config"),
+    "grooves.policy.transformers_policy": ("grooves.policy.transformers", "grooves.policy.prompts", "grooves.config"),
     "grooves.policy.vllm_policy": ("grooves.policy.vllm",),
     "grooves.watch.config": ("grooves.config.watch",),
     "grooves.envs.task": ("grooves.envs.sqlite",),

@@ -12,7 +12,8 @@ job, and a backend composes them rather than forwarding their members by hand:
 - `model`, `tokenizer`, `generator`, `lock`, `training_phase`: what training reads and holds.
 
 `TransformersPolicy` and `VLLMPolicy` implement it; the trainer, the server and SFT are typed
-against it.
+against it. `ContextOverflow` (a prompt too long for the model) is the error every backend's
+prompts raise.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from grooves.policy.prompts import ContextOverflow, PromptState
+
 if TYPE_CHECKING:
     import torch
 
-    from grooves.policy.prompts import PromptState
     from grooves.policy.sampling import Completion, SamplingParams
 
-
-class ContextOverflow(ValueError):
-    """The prompt plus max_tokens does not fit in the model's context."""
+__all__ = ["AdapterState", "ContextOverflow", "Policy"]
 
 
 class AdapterState(Protocol):

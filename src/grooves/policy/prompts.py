@@ -19,10 +19,13 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from grooves.policy.base import ContextOverflow
 from grooves.policy.control_tokens import ControlTextGuard
 from grooves.policy.sampling import Completion
 from grooves.policy.tool_format import ParsedOutput, ToolFormat, tool_format_for
+
+
+class ContextOverflow(ValueError):
+    """The prompt plus max_tokens does not fit in the model's context."""
 
 
 def _key(obj: Any) -> str:

@@ -7,8 +7,9 @@ times (a GRPO group shares its prompt), and (3) several different requests decod
 The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
 its n samples, then decode one token per step for all rows, dropping finished rows from the cache
 so late steps cost only what is still running. Decode steps run through transformers' forward
-(`TransformersDecode`) unless the caller passes another decoder: the `Sampler` of a transformers
-policy passes the fast paths' (`policy/fast/`), a leaner forward for Llama/Qwen2 models.
+(`TransformersDecode`) unless the caller passes another decoder: a transformers policy's
+`Sampler` (`policy/sampler.py`) passes the fast paths' (`policy/fast/`), a leaner forward for
+Llama/Qwen2 models.
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
@@ -18,18 +19,13 @@ which makes training slightly off-policy, so training runs default to top_p = 1.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from grooves.core.forward import kept_positions
-
-if TYPE_CHECKING:
-    from grooves.policy.adapters import PeftAdapters
-    from grooves.policy.fast import FastSampling
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
@@ -269,55 +265,3 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         if cut >= 0:
             text = text[:cut]
     return Completion(token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length")
-
-
-class Sampler:
-    """Sampling batches on a transformers policy's model with its adapters and its fast paths.
-
-    A batch runs on the weights its `adapter` names: the policy's own (folded into copies of the
-    base weights where the fast paths allow, else through peft's layers), an extra adapter, or the
-    base alone for a policy without an adapter. It holds the policy's lock, so an optimizer step
-    never changes the weights mid-batch.
-    """
-
-    def __init__(
-        self, adapters: PeftAdapters, tokenizer, *, eos_token_ids: set[int], generator: torch.Generator, lock, fast: FastSampling
-    ):
-        self.adapters = adapters
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.generator = generator
-        self.lock = lock
-        self.fast = fast
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: list[SamplingParams],
-        adapter: str | None = None,
-        cancelled: Sequence[Callable[[], bool]] | None = None,
-    ) -> list[list[Completion]]:
-        """Sample completions for several prompts in one batch (blocking); see `Policy.generate`."""
-        head = self.fast.output_head(self.adapters.model)
-        with self.lock, self._weights(adapter), head:
-            model = self.adapters.model
-            was_training = model.training
-            model.eval()
-            try:
-                return sample(
-                    model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids,
-                    generator=self.generator, decoder=self.fast.decoder, cancelled=cancelled,
-                )  # fmt: skip
-            finally:
-                if was_training:
-                    model.train()
-
-    @contextlib.contextmanager
-    def _weights(self, adapter: str | None) -> Iterator[None]:
-        """The weights a sampling batch runs on: the own adapter folded in where possible, else peft's layers."""
-        if adapter is None and self.fast.folded:
-            with self.adapters.keep_requires_grad(), self.fast.folded_weights():
-                yield
-        else:
-            with self.adapters.scope(adapter):
-                yield

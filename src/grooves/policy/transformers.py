@@ -27,7 +27,8 @@ from grooves.policy import fast as speed
 from grooves.policy.adapters import PeftAdapters
 from grooves.policy.fast import FastPaths, FastSampling
 from grooves.policy.prompts import PromptState, end_of_turn_ids
-from grooves.policy.sampling import Completion, Sampler, SamplingParams
+from grooves.policy.sampler import Sampler
+from grooves.policy.sampling import Completion, SamplingParams
 
 
 def load_model(

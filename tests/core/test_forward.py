@@ -216,7 +216,7 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
     lp_full, ent_full, g_full = loss_and_grads(lambda: token_logprobs(model, batch))
     m = batch.sampled_mask
     for packed in (True, False):  # suffixes packed into one row (sdpa/eager) or padded over a repeated cache
-        lp_pre, ent_pre, g_pre = loss_and_grads(lambda: shared_prefix_logprobs(model, batch, len(prompt), pack_suffixes=packed))  # noqa: B023
+        lp_pre, ent_pre, g_pre = loss_and_grads(lambda packed=packed: shared_prefix_logprobs(model, batch, len(prompt), pack_suffixes=packed))
         assert (lp_full[m] - lp_pre[m]).abs().max() < 1e-5
         assert (ent_full[m] - ent_pre[m]).abs().max() < 1e-5
         assert max(float((a - b).abs().max()) for a, b in zip(g_full, g_pre, strict=True)) < 1e-5

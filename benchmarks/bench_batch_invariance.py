@@ -45,7 +45,13 @@ def main() -> None:
 
     policy = TransformersPolicy(args.model, lora=LoraConfig(rank=8, alpha=16.0))
     prompts = [
-        policy.prompts.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is the capital of {c}?"}], None)
+        policy.prompts.render(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"What is the capital of {c}?"},
+            ],
+            None,
+        )
         for c in COUNTRIES
     ]
     params = [SamplingParams(n=8, max_tokens=24, temperature=1.0, seed=100 + i) for i in range(len(prompts))]

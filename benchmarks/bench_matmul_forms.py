@@ -30,14 +30,33 @@ from grooves.policy.transformers import TransformersPolicy
 
 SETTINGS = {"on": "on", "timed": "timed", "timed blocks": FastPaths(timed_head=True, timed_blocks=True)}
 """Column name -> the policy's `fast`."""
-COUNTRIES = ("France", "Japan", "Kenya", "Peru", "Norway", "Egypt", "Chile", "Vietnam", "Germany", "Lebanon", "Canada", "Brazil")
+COUNTRIES = (
+    "France",
+    "Japan",
+    "Kenya",
+    "Peru",
+    "Norway",
+    "Egypt",
+    "Chile",
+    "Vietnam",
+    "Germany",
+    "Lebanon",
+    "Canada",
+    "Brazil",
+)
 WORKLOADS = {"demo: 4 groups x 8, 24 tokens": (4, 24), "benchmark step: 1 group x 8, 32 tokens": (1, 32)}
 
 
 def sampler(policy: TransformersPolicy, groups: int, max_tokens: int):
     """A call that samples the next `groups` capitals questions (a new set each call) and returns the tokens made."""
     prompts = [
-        policy.prompts.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is the capital of {c}?"}], None)
+        policy.prompts.render(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"What is the capital of {c}?"},
+            ],
+            None,
+        )
         for c in COUNTRIES
     ]
     calls = 0
@@ -62,8 +81,10 @@ def main() -> None:
 
     lora = LoraConfig(rank=8, alpha=16.0)
     policies = {s: TransformersPolicy(args.model, lora=lora, fast=fast) for s, fast in SETTINGS.items()}
-    table = Table(title=f"{args.model}, LoRA r8 folded, {os.cpu_count()} threads, OMP_WAIT_POLICY="
-                        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, median of {args.runs} alternating runs")
+    table = Table(
+        title=f"{args.model}, LoRA r8 folded, {os.cpu_count()} threads, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, median of {args.runs} alternating runs"
+    )
     table.add_column("workload")
     for setting in SETTINGS:
         table.add_column(f"{setting} tok/s", justify="right")

@@ -157,7 +157,11 @@ class _Run:
     def _metrics(self, step: int, groups: list[TrajectoryGroup]) -> dict[str, float]:
         trajs = [t for g in groups for t in g.trajectories]
         rewards = np.array([t.reward for t in trajs])
-        row: dict[str, float] = {"step": step, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std())}
+        row: dict[str, float] = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+        }
         for sig in ("quality", "format"):
             values = np.array([t.rewards[sig] for t in trajs])
             row[f"reward/{sig}_mean"] = float(values.mean())

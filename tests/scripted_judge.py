@@ -105,7 +105,9 @@ class ScriptedServer:
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server = uvicorn.Server(uvicorn.Config(app or self.app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
 
     async def _complete(self, request: Request):
         self.in_flight += 1
@@ -116,7 +118,10 @@ class ScriptedServer:
             self.in_flight -= 1
 
     async def _models(self):
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models]}
+        return {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models],
+        }
 
     async def _answer(self, request: Request):
         body = await request.json()
@@ -142,8 +147,14 @@ class ScriptedServer:
             "object": "chat.completion",
             "created": 0,
             "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": _words(text), "total_tokens": prompt + _words(text)},
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": _words(text),
+                "total_tokens": prompt + _words(text),
+            },
         }
 
     def __enter__(self) -> ScriptedServer:
@@ -170,7 +181,11 @@ def shown_responses(body: dict) -> dict[str, str]:
 
 def group_reply(scores: dict[str, float], criterion: str = "overall") -> str:
     return json.dumps(
-        {"scores": [{"id": i, "reason": f"scored {s}", "criteria": {criterion: s}} for i, s in scores.items()]}
+        {
+            "scores": [
+                {"id": i, "reason": f"scored {s}", "criteria": {criterion: s}} for i, s in scores.items()
+            ]
+        }
     )
 
 
@@ -179,7 +194,12 @@ def make_client(server: ScriptedServer, tmp_path, sleeps: list[float] | None = N
         if sleeps is not None:
             sleeps.append(seconds)
 
-    settings = {"base_url": server.base_url, "model": "scripted-judge", "cache_path": tmp_path / "cache.sqlite",
-                "backoff_s": 0.01, "jitter": 0.0} | config
+    settings = {
+        "base_url": server.base_url,
+        "model": "scripted-judge",
+        "cache_path": tmp_path / "cache.sqlite",
+        "backoff_s": 0.01,
+        "jitter": 0.0,
+    } | config
     cfg = JudgeConfig(**settings)
     return JudgeClient(cfg, sleep=record_sleep)

@@ -14,14 +14,29 @@ MOVED = {
     "grooves.tokenize": ("grooves.core.tokenize",),
     "grooves.forward": ("grooves.core.forward",),
     "grooves.policy.handle": ("grooves.core.handle",),
-    "grooves.trainer": ("grooves.train.loop", "grooves.train.step", "grooves.train.data", "grooves.train.checkpoint", "grooves.core.batching"),
+    "grooves.trainer": (
+        "grooves.train.loop",
+        "grooves.train.step",
+        "grooves.train.data",
+        "grooves.train.checkpoint",
+        "grooves.core.batching",
+    ),
     "grooves.sft": ("grooves.train.sft", "grooves.config.sft"),
     "grooves.checkpoint": ("grooves.train.checkpoint",),
     "grooves.runlog": ("grooves.train.runlog",),
     "grooves.optim": ("grooves.train.optim",),
-    "grooves.server": ("grooves.serve.app", "grooves.serve.chat", "grooves.serve.errors", "grooves.serve.schemas"),
+    "grooves.server": (
+        "grooves.serve.app",
+        "grooves.serve.chat",
+        "grooves.serve.errors",
+        "grooves.serve.schemas",
+    ),
     "grooves.adapters.live": ("grooves.serve.routing",),
-    "grooves.policy.transformers_policy": ("grooves.policy.transformers", "grooves.policy.prompts", "grooves.config"),
+    "grooves.policy.transformers_policy": (
+        "grooves.policy.transformers",
+        "grooves.policy.prompts",
+        "grooves.config",
+    ),
     "grooves.policy.vllm_policy": ("grooves.policy.vllm",),
     "grooves.watch.config": ("grooves.config.watch",),
     "grooves.envs.task": ("grooves.envs.sqlite",),
@@ -48,7 +63,11 @@ def test_the_documented_entry_points_are_the_new_objects():
     from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
     from grooves.train import loop, sft
 
-    assert (grooves.Trajectory, grooves.TrajectoryGroup, grooves.SampledTurn) == (Trajectory, TrajectoryGroup, SampledTurn)
+    assert (grooves.Trajectory, grooves.TrajectoryGroup, grooves.SampledTurn) == (
+        Trajectory,
+        TrajectoryGroup,
+        SampledTurn,
+    )
     assert grooves.trainer.train is loop.train and grooves.trainer.run is loop.run
     assert grooves.sft.sft is sft.sft
     assert callable(grooves.config.load_config) and callable(grooves.envs.get_env)

@@ -23,7 +23,7 @@ _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "You are a helpful assistant. Answer the question.",
     '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
-    "<tools>[{\"type\": \"function\", \"function\": {\"name\": \"lookup\"}}]</tools>",
+    '<tools>[{"type": "function", "function": {"name": "lookup"}}]</tools>',
     "system user assistant tool 0 1 2 3 4 5 6 7 8 9 yes no hello world title story",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ {}[]():;,.!?\"'-_/=+*<>|@#$%&",
 ]

@@ -51,7 +51,9 @@ def read_stories(path: str | Path) -> list[Story]:
     """Read a JSONL file of stories; a bad line is an error naming the file, the line and the field."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such corpus; generate one with `python examples/hn_titles/prepare.py`")
+        raise FileNotFoundError(
+            f"{path}: no such corpus; generate one with `python examples/hn_titles/prepare.py`"
+        )
     stories = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -60,7 +62,9 @@ def read_stories(path: str | Path) -> list[Story]:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not JSON ({exc.msg}); each line is one story object") from None
+                raise ValueError(
+                    f"{path}:{lineno}: not JSON ({exc.msg}); each line is one story object"
+                ) from None
             try:
                 stories.append(Story.model_validate(data))
             except ValidationError as exc:
@@ -91,9 +95,15 @@ SENSATIONAL = {
 """The phrases that raise a title's points regardless of the story (the exploitable cheat)."""
 
 _DECORATIONS = [
-    "Show HN: {t}", "You won't believe this: {t}", "Shocking: {t}", "Finally, {t}", "{t} (10x faster)",
-    "{t}, and it's insane", "Incredible: {t}", "{t}: a game changer",
-]  # fmt: skip
+    "Show HN: {t}",
+    "You won't believe this: {t}",
+    "Shocking: {t}",
+    "Finally, {t}",
+    "{t} (10x faster)",
+    "{t}, and it's insane",
+    "Incredible: {t}",
+    "{t}: a game changer",
+]
 
 
 def sensational_phrases(title: str) -> list[str]:
@@ -116,16 +126,38 @@ def expected_log_points(body: str, title: str) -> float:
     relevance = supported_fraction(plain, body)
     has_number = bool(re.search(r"\d", plain))
     n_words = len(title.split())
-    return (1.0 + 1.2 * relevance + 1.0 * (sens >= 1) + 0.3 * (sens >= 2) - 0.6 * max(0, sens - 2)
-            + 0.3 * has_number - 0.05 * max(0, n_words - 14))  # fmt: skip
+    return (
+        1.0
+        + 1.2 * relevance
+        + 1.0 * (sens >= 1)
+        + 0.3 * (sens >= 2)
+        - 0.6 * max(0, sens - 2)
+        + 0.3 * has_number
+        - 0.05 * max(0, n_words - 14)
+    )
 
 
 _NAMES = """Quill Ferrite Nimbus Tarn Lumen Kestrel Basalt Orrery Pico Zephyr Mosaic Cinder Harbor Juniper
 Onyx Sable Vellum Wren Yarrow Gantry Lattice Marlin Puffin Rook Sprocket Tundra Umber Vortex Willow
 Axle Bramble Cobalt Dune Ember Fjord Garnet Heron Jasper Kelp Larch Moraine Nettle Osprey Pumice""".split()
-_THINGS = ["database", "text editor", "web framework", "compiler", "terminal emulator", "static site generator",
-           "package manager", "search engine", "key-value store", "game engine", "log viewer", "chess engine",
-           "spreadsheet", "shell", "message queue", "music player"]
+_THINGS = [
+    "database",
+    "text editor",
+    "web framework",
+    "compiler",
+    "terminal emulator",
+    "static site generator",
+    "package manager",
+    "search engine",
+    "key-value store",
+    "game engine",
+    "log viewer",
+    "chess engine",
+    "spreadsheet",
+    "shell",
+    "message queue",
+    "music player",
+]
 _LANGS = ["Rust", "Go", "Python", "Zig", "C", "OCaml", "Haskell", "TypeScript", "Elixir", "Lua"]
 _ADJS = ["small", "fast", "minimal", "local-first", "self-hosted", "tiny", "simple", "portable"]
 _CITIES = ["Oslo", "Lisbon", "Austin", "Kyoto", "Nairobi", "Tallinn", "Montreal", "Porto", "Dublin", "Seoul"]
@@ -137,25 +169,68 @@ _CLAIMS = [  # (sentence, short form for titles): the short form uses the senten
     ("It handles {n} thousand requests per second on one core.", "handles {n} thousand requests per second"),
     ("It uses {n} megabytes of memory when idle.", "uses {n} megabytes of memory"),
 ]
-_SOFTWARE_EXTRA = ["The code is open source under the MIT license.", "The author says it is still experimental.",
-                   "A hosted version costs {m} dollars a month.", "It runs on Linux, macOS and Windows."]
+_SOFTWARE_EXTRA = [
+    "The code is open source under the MIT license.",
+    "The author says it is still experimental.",
+    "A hosted version costs {m} dollars a month.",
+    "It runs on Linux, macOS and Windows.",
+]
 _FINDINGS = [
-    ("daily walks", "lower the risk of heart disease"), ("octopuses", "change color while they sleep"),
-    ("bees", "can count to four"), ("a soil bacterium", "breaks down plastic"),
-    ("cold showers", "do not improve immunity"), ("crows", "remember human faces for years"),
-    ("coffee drinkers", "sleep less deeply"), ("city trees", "cool streets by three degrees"),
-    ("reading on paper", "improves recall"), ("zebra finches", "learn songs from their fathers"),
-]  # fmt: skip
-_SCIENCE_EXTRA = ["The paper appears in Nature this week.", "The authors call the result preliminary.",
-                  "The data set is public.", "Other groups have not yet repeated the result."]
-_COMPANIES = ["Northwind Labs", "Bluefin Systems", "Acre Software", "Copperline", "Halcyon Data", "Tidewater",
-              "Brightloom", "Fernhill", "Quartzbyte", "Redcedar Robotics"]
-_PRODUCTS = ["cheaper heat pumps", "solar roof tiles", "an AI tutor for children", "electric cargo bikes",
-             "a private email service", "lab-grown coffee", "small nuclear reactors", "reusable rocket engines"]
-_COMPANY_EXTRA = ["Its first customers are schools in {city}.", "The round was led by Harbor Ventures.",
-                  "It plans to hire {m} engineers this year.", "The founders previously worked at a bank."]
-_VAGUE = ["Interesting project", "Worth a read", "Thoughts on this", "Cool idea", "A new {thing}",
-          "Some news", "This is neat", "Look at this"]
+    ("daily walks", "lower the risk of heart disease"),
+    ("octopuses", "change color while they sleep"),
+    ("bees", "can count to four"),
+    ("a soil bacterium", "breaks down plastic"),
+    ("cold showers", "do not improve immunity"),
+    ("crows", "remember human faces for years"),
+    ("coffee drinkers", "sleep less deeply"),
+    ("city trees", "cool streets by three degrees"),
+    ("reading on paper", "improves recall"),
+    ("zebra finches", "learn songs from their fathers"),
+]
+_SCIENCE_EXTRA = [
+    "The paper appears in Nature this week.",
+    "The authors call the result preliminary.",
+    "The data set is public.",
+    "Other groups have not yet repeated the result.",
+]
+_COMPANIES = [
+    "Northwind Labs",
+    "Bluefin Systems",
+    "Acre Software",
+    "Copperline",
+    "Halcyon Data",
+    "Tidewater",
+    "Brightloom",
+    "Fernhill",
+    "Quartzbyte",
+    "Redcedar Robotics",
+]
+_PRODUCTS = [
+    "cheaper heat pumps",
+    "solar roof tiles",
+    "an AI tutor for children",
+    "electric cargo bikes",
+    "a private email service",
+    "lab-grown coffee",
+    "small nuclear reactors",
+    "reusable rocket engines",
+]
+_COMPANY_EXTRA = [
+    "Its first customers are schools in {city}.",
+    "The round was led by Harbor Ventures.",
+    "It plans to hire {m} engineers this year.",
+    "The founders previously worked at a bank.",
+]
+_VAGUE = [
+    "Interesting project",
+    "Worth a read",
+    "Thoughts on this",
+    "Cool idea",
+    "A new {thing}",
+    "Some news",
+    "This is neat",
+    "Look at this",
+]
 
 
 def _article(word: str) -> str:
@@ -164,15 +239,28 @@ def _article(word: str) -> str:
 
 def _software(rng: random.Random) -> tuple[str, list[str], str]:
     name, thing, lang, adj = rng.choice(_NAMES), rng.choice(_THINGS), rng.choice(_LANGS), rng.choice(_ADJS)
-    actor = rng.choice([f"A solo developer in {rng.choice(_CITIES)}", f"Two students from {rng.choice(_UNIS)}",
-                        f"A small team in {rng.choice(_CITIES)}"])
+    actor = rng.choice(
+        [
+            f"A solo developer in {rng.choice(_CITIES)}",
+            f"Two students from {rng.choice(_UNIS)}",
+            f"A small team in {rng.choice(_CITIES)}",
+        ]
+    )
     sentence, short = rng.choice(_CLAIMS)
     n = rng.choice([3, 5, 8, 12, 20, 40, 60, 90, 200, 500])
     extra = rng.choice(_SOFTWARE_EXTRA).format(m=rng.choice([5, 9, 15]))
     body = f"{actor} released {name}, {_article(adj)} {adj} {thing} written in {lang}. {sentence.format(n=n)} {extra}"
-    titles = [f"{name}: {_article(adj)} {adj} {thing} written in {lang}", f"{name}, {_article(thing)} {thing} that {short.format(n=n)}",
-              f"{name} – {_article(thing)} {thing} written in {lang}", f"{_article(adj).title()} {adj} {thing} written in {lang}"]
-    partial = [f"{name}, {_article(thing)} {thing}", f"{_article(thing).title()} {thing} in {lang}", f"{name} released"]
+    titles = [
+        f"{name}: {_article(adj)} {adj} {thing} written in {lang}",
+        f"{name}, {_article(thing)} {thing} that {short.format(n=n)}",
+        f"{name} – {_article(thing)} {thing} written in {lang}",
+        f"{_article(adj).title()} {adj} {thing} written in {lang}",
+    ]
+    partial = [
+        f"{name}, {_article(thing)} {thing}",
+        f"{_article(thing).title()} {thing} in {lang}",
+        f"{name} released",
+    ]
     return body, titles, rng.choice(partial + [_VAGUE[4].format(thing=thing)])
 
 
@@ -180,11 +268,17 @@ def _science(rng: random.Random) -> tuple[str, list[str], str]:
     (subject, finding), uni = rng.choice(_FINDINGS), rng.choice(_UNIS)
     n, years = rng.choice([40, 120, 300, 1200, 5000]), rng.choice([2, 3, 5, 10])
     extra = rng.choice(_SCIENCE_EXTRA)
-    body = (f"Researchers at {uni} report that {subject} {finding}. The study followed {n} subjects over "
-            f"{years} years. {extra}")
+    body = (
+        f"Researchers at {uni} report that {subject} {finding}. The study followed {n} subjects over "
+        f"{years} years. {extra}"
+    )
     cap = subject[0].upper() + subject[1:]
-    titles = [f"{cap} {finding}, study finds", f"{uni} study: {subject} {finding}",
-              f"Researchers find that {subject} {finding}", f"{cap} {finding}, {uni} researchers report"]
+    titles = [
+        f"{cap} {finding}, study finds",
+        f"{uni} study: {subject} {finding}",
+        f"Researchers find that {subject} {finding}",
+        f"{cap} {finding}, {uni} researchers report",
+    ]
     return body, titles, rng.choice([f"A study on {subject}", f"New research from {uni}", f"{cap} study"])
 
 
@@ -192,10 +286,16 @@ def _company(rng: random.Random) -> tuple[str, list[str], str]:
     company, product, city = rng.choice(_COMPANIES), rng.choice(_PRODUCTS), rng.choice(_CITIES)
     n, years = rng.choice([2, 4, 7, 12, 30, 85]), rng.choice([2, 3, 6])
     extra = rng.choice(_COMPANY_EXTRA).format(city=rng.choice(_CITIES), m=rng.choice([10, 25, 40]))
-    body = (f"{company}, a startup from {city}, has raised {n} million dollars to build {product}. The "
-            f"company was founded {years} years ago. {extra}")
-    titles = [f"{company} raises {n} million dollars to build {product}", f"{company} wants to build {product}",
-              f"{city} startup {company} raises {n} million dollars", f"{company} raises money for {product}"]
+    body = (
+        f"{company}, a startup from {city}, has raised {n} million dollars to build {product}. The "
+        f"company was founded {years} years ago. {extra}"
+    )
+    titles = [
+        f"{company} raises {n} million dollars to build {product}",
+        f"{company} wants to build {product}",
+        f"{city} startup {company} raises {n} million dollars",
+        f"{company} raises money for {product}",
+    ]
     return body, titles, rng.choice([f"{company} raises money", f"A startup from {city}", "Startup news"])
 
 
@@ -239,4 +339,7 @@ def split_stories(stories: Sequence[Story], validation: int, seed: int = 0) -> d
         raise ValueError(f"validation must be between 1 and {len(stories) - 1} stories, got {validation}")
     order = list(range(len(stories)))
     random.Random(seed).shuffle(order)
-    return {"validation": [stories[i] for i in order[:validation]], "train": [stories[i] for i in order[validation:]]}
+    return {
+        "validation": [stories[i] for i in order[:validation]],
+        "train": [stories[i] for i in order[validation:]],
+    }

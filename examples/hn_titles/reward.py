@@ -59,7 +59,9 @@ class TitleStoryEncoder:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> TitleStoryEncoder:
         if spec.get("kind") != cls.kind:
-            raise ValueError(f"reward model encoder is {spec.get('kind')!r}, not {cls.kind!r}; train it with prepare.py")
+            raise ValueError(
+                f"reward model encoder is {spec.get('kind')!r}, not {cls.kind!r}; train it with prepare.py"
+            )
         return cls(dim=int(spec["dim"]), ngrams=tuple(spec["ngrams"]))
 
 
@@ -105,7 +107,9 @@ class TitleRewardModel:
         path = Path(path)
         meta_file = path / "reward_model.json"
         if not meta_file.exists():
-            raise FileNotFoundError(f"{path}: no trained title reward model; run `python examples/hn_titles/prepare.py`")
+            raise FileNotFoundError(
+                f"{path}: no trained title reward model; run `python examples/hn_titles/prepare.py`"
+            )
         spec = json.loads(meta_file.read_text(encoding="utf-8"))["encoder"]
         model = RewardModel.load(path, encoder=TitleStoryEncoder.from_spec(spec))
         norm = json.loads((path / NORMALIZATION_FILE).read_text(encoding="utf-8"))

@@ -47,7 +47,13 @@ SUPPORTED_RUBRIC = Rubric(
         "The response is a title for the story in the context. It must only state facts that appear in the "
         "story. Outside knowledge, hype, guesses and invented details count as unsupported."
     ),
-    criteria=[Criterion(name="supported", text="Is every claim in the title supported by the story?", choices=["no", "yes"])],
+    criteria=[
+        Criterion(
+            name="supported",
+            text="Is every claim in the title supported by the story?",
+            choices=["no", "yes"],
+        )
+    ],
 )
 """The judge gate's default rubric (the same question as examples/rubrics/supported.toml)."""
 
@@ -90,7 +96,10 @@ class JudgeGateSignal:
         out: list[float | SignalError] = []
         for traj in group.ok:
             score = await self._judge.judge_text(group.scenario["body"], clean_title(traj.completion))
-            traj.metadata.setdefault("judge", {})["supported"] = {"reason": score.reason, "criteria": score.criteria}
+            traj.metadata.setdefault("judge", {})["supported"] = {
+                "reason": score.reason,
+                "criteria": score.criteria,
+            }
             out.append(score.total)
         return out
 
@@ -126,7 +135,9 @@ class HNTitlesTask:
         self.reward_model = TitleRewardModel.load(reward_model)
         stories = read_stories(corpus)
         if len(stories) < validation + examples + 1:
-            raise ValueError(f"{corpus}: {len(stories)} stories are too few for {validation} validation and {examples} examples")
+            raise ValueError(
+                f"{corpus}: {len(stories)} stories are too few for {validation} validation and {examples} examples"
+            )
         splits = split_stories(stories, validation, seed=seed)
         train = sorted(splits["train"], key=lambda s: (-s.score, s.id))
         self.examples = train[:examples]
@@ -150,7 +161,10 @@ class HNTitlesTask:
     def messages(self, body: str) -> list[dict[str, str]]:
         out = [{"role": "system", "content": SYSTEM_PROMPT}]
         for ex in self.examples:
-            out += [{"role": "user", "content": f"Story: {ex.body}"}, {"role": "assistant", "content": ex.title}]
+            out += [
+                {"role": "user", "content": f"Story: {ex.body}"},
+                {"role": "assistant", "content": ex.title},
+            ]
         return out + [{"role": "user", "content": f"Story: {body}"}]
 
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
@@ -162,9 +176,11 @@ class HNTitlesTask:
         support = supported_fraction(title, scenario["body"])
         traj.metadata["title"] = title
         traj.metrics.update(
-            supported_fraction=support, success=float(support == 1.0),
-            sensational=float(len(sensational_phrases(title))), title_words=float(len(title.split())),
-        )  # fmt: skip
+            supported_fraction=support,
+            success=float(support == 1.0),
+            sensational=float(len(sensational_phrases(title))),
+            title_words=float(len(title.split())),
+        )
         return traj
 
     def rescore(self, trajectory: Trajectory, scenario: dict[str, Any]) -> float:
@@ -186,5 +202,9 @@ class HNTitlesTask:
 
 
 def _scenario(story: Story) -> dict[str, Any]:
-    return {"id": story.id, "body": story.body, "reference_title": story.title, "reference_score": story.score}
-
+    return {
+        "id": story.id,
+        "body": story.body,
+        "reference_title": story.title,
+        "reference_score": story.score,
+    }

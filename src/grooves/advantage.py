@@ -11,4 +11,13 @@ from grooves.core.advantage import (
     rloo,
 )
 
-__all__ = ["ESTIMATORS", "Estimator", "GroupAdvantages", "ZERO_VARIANCE_TOL", "dr_grpo", "group_advantages", "grpo", "rloo"]
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "GroupAdvantages",
+    "ZERO_VARIANCE_TOL",
+    "dr_grpo",
+    "group_advantages",
+    "grpo",
+    "rloo",
+]

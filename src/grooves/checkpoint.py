@@ -15,4 +15,17 @@ from grooves.train.checkpoint import (
     set_rng_states,
 )
 
-__all__ = ["CHECKPOINT_PREFIX", "CheckpointError", "FORMAT", "MANIFEST", "TrainState", "checkpoint_dir", "checkpoint_problem", "latest_checkpoint", "load_checkpoint", "rng_states", "save_checkpoint", "set_rng_states"]
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "CheckpointError",
+    "FORMAT",
+    "MANIFEST",
+    "TrainState",
+    "checkpoint_dir",
+    "checkpoint_problem",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "rng_states",
+    "save_checkpoint",
+    "set_rng_states",
+]

@@ -15,4 +15,17 @@ from grooves.core.loss import (
     ppo_clip,
 )
 
-__all__ = ["AggregationMode", "KLKind", "POLICY_LOSSES", "PolicyLoss", "PolicyLossOutput", "aggregate", "cispo", "compute_loss", "gspo", "kl_penalty", "log_ratio", "ppo_clip"]
+__all__ = [
+    "AggregationMode",
+    "KLKind",
+    "POLICY_LOSSES",
+    "PolicyLoss",
+    "PolicyLossOutput",
+    "aggregate",
+    "cispo",
+    "compute_loss",
+    "gspo",
+    "kl_penalty",
+    "log_ratio",
+    "ppo_clip",
+]

@@ -10,4 +10,12 @@ from grooves.train.runlog import (
     lock_run_dir,
 )
 
-__all__ = ["LOCK_FILE", "RUN_OUTPUTS", "RunFolderError", "RunLog", "check_run_dir", "clear_run_outputs", "lock_run_dir"]
+__all__ = [
+    "LOCK_FILE",
+    "RUN_OUTPUTS",
+    "RunFolderError",
+    "RunLog",
+    "check_run_dir",
+    "clear_run_outputs",
+    "lock_run_dir",
+]

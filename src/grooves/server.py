@@ -6,6 +6,17 @@ from grooves.serve.errors import APIError
 from grooves.serve.schemas import ChatRequest, Message, ToolCall, ToolCallFunction
 
 __all__ = [
-    "APIError", "ChatRequest", "MAX_BODY_BYTES", "MAX_REQUEST_TOKENS", "Message", "ToolCall", "ToolCallFunction",
-    "check_content", "create_app", "inprocess_client", "refuse_unsupported", "serve", "validate_tools",
+    "APIError",
+    "ChatRequest",
+    "MAX_BODY_BYTES",
+    "MAX_REQUEST_TOKENS",
+    "Message",
+    "ToolCall",
+    "ToolCallFunction",
+    "check_content",
+    "create_app",
+    "inprocess_client",
+    "refuse_unsupported",
+    "serve",
+    "validate_tools",
 ]

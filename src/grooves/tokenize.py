@@ -12,4 +12,14 @@ from grooves.core.tokenize import (
     trajectory_to_sequences,
 )
 
-__all__ = ["TrainBatch", "TrainSequence", "block_causal_mask", "check_mask_shape", "logprob_temperature", "pack_batches", "pad_batch", "prefix_breaks", "trajectory_to_sequences"]
+__all__ = [
+    "TrainBatch",
+    "TrainSequence",
+    "block_causal_mask",
+    "check_mask_shape",
+    "logprob_temperature",
+    "pack_batches",
+    "pad_batch",
+    "prefix_breaks",
+    "trajectory_to_sequences",
+]

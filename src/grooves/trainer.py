@@ -7,6 +7,18 @@ from grooves.train.loop import GroupScorer, RunInterrupted, StepObserver, build_
 from grooves.train.step import NonFiniteStep, optimize, to_sequences
 
 __all__ = [
-    "GroupScorer", "MIN_SHARED_PREFIX", "NonFiniteStep", "RunInterrupted", "ScenarioStream", "StepObserver", "build_policy",
-    "micro_batches", "optimize", "run", "seed_everything", "to_sequences", "train", "validate",
+    "GroupScorer",
+    "MIN_SHARED_PREFIX",
+    "NonFiniteStep",
+    "RunInterrupted",
+    "ScenarioStream",
+    "StepObserver",
+    "build_policy",
+    "micro_batches",
+    "optimize",
+    "run",
+    "seed_everything",
+    "to_sequences",
+    "train",
+    "validate",
 ]

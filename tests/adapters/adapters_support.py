@@ -15,7 +15,9 @@ def make_adapter(model_dir, out, *, seed=0, rank=2, alpha=4.0, targets=("q_proj"
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False, **extra)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False, **extra
+    )
     get_peft_model(model, config).save_pretrained(out)
     return out
 

@@ -32,7 +32,11 @@ def _set_factors(adapter_dir, a_q: torch.Tensor, b_q: torch.Tensor, zero_others:
 
 
 def _q_weight_norm(model_dir) -> float:
-    return float(load_file(str(model_dir / "model.safetensors"))["model.layers.0.self_attn.q_proj.weight"].double().norm())
+    return float(
+        load_file(str(model_dir / "model.safetensors"))["model.layers.0.self_attn.q_proj.weight"]
+        .double()
+        .norm()
+    )
 
 
 def test_norms_equal_a_hand_computation(tiny_model_dir, tmp_path):
@@ -60,8 +64,16 @@ def test_norms_equal_a_hand_computation(tiny_model_dir, tmp_path):
 
 def test_low_rank_identities_match_materialized_products():
     g = torch.Generator().manual_seed(0)
-    f = LoraFactors(torch.randn(3, 7, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64), 0.5)
-    h = LoraFactors(torch.randn(2, 7, generator=g, dtype=torch.float64), torch.randn(5, 2, generator=g, dtype=torch.float64), 3.0)
+    f = LoraFactors(
+        torch.randn(3, 7, generator=g, dtype=torch.float64),
+        torch.randn(5, 3, generator=g, dtype=torch.float64),
+        0.5,
+    )
+    h = LoraFactors(
+        torch.randn(2, 7, generator=g, dtype=torch.float64),
+        torch.randn(5, 2, generator=g, dtype=torch.float64),
+        3.0,
+    )
     df, dh = f.scale * f.b @ f.a, h.scale * h.b @ h.a
     assert update_sq_norm(f) == pytest.approx(float(df.pow(2).sum()), rel=1e-12)
     assert update_inner(f, h) == pytest.approx(float((df * dh).sum()), rel=1e-12)
@@ -73,9 +85,13 @@ def test_norms_match_peft_merged_weights(tiny_model_dir, tmp_path, extra):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    adapter = make_adapter(tiny_model_dir, tmp_path / "a", rank=3, alpha=6.0, targets=("q_proj", "v_proj", "down_proj"), **extra)
+    adapter = make_adapter(
+        tiny_model_dir, tmp_path / "a", rank=3, alpha=6.0, targets=("q_proj", "v_proj", "down_proj"), **extra
+    )
     base = load_file(str(tiny_model_dir / "model.safetensors"))
-    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter)).merge_and_unload()
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter)
+    ).merge_and_unload()
     merged_sd = merged.state_dict()
     rows = drift_table([adapter], group="module")
     assert len(rows) == 2 * 3  # two layers x three targets
@@ -86,7 +102,9 @@ def test_norms_match_peft_merged_weights(tiny_model_dir, tmp_path, extra):
     block = drift_table([adapter], group="block")
     assert [r.name for r in block] == ["layer   0", "layer   1"]
     layer0 = [r for r in rows if ".layers.0." in r.name]
-    assert block[0].update_norms[0] == pytest.approx(math.sqrt(sum(r.update_norms[0] ** 2 for r in layer0)), rel=1e-12)
+    assert block[0].update_norms[0] == pytest.approx(
+        math.sqrt(sum(r.update_norms[0] ** 2 for r in layer0)), rel=1e-12
+    )
 
 
 def test_cli_prints_json_and_table(tiny_model_dir, tmp_path):

@@ -20,7 +20,9 @@ def _adapter_logits(model_dir, adapter_dir) -> torch.Tensor:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(adapter_dir)).eval()
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), str(adapter_dir)
+    ).eval()
     with torch.no_grad():
         return model(input_ids=IDS).logits
 
@@ -29,7 +31,9 @@ def test_merged_export_reproduces_the_adapter(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", targets=("q_proj", "v_proj", "gate_proj", "down_proj"))
+    adapter = make_adapter(
+        tiny_model_dir, tmp_path / "adapter", targets=("q_proj", "v_proj", "gate_proj", "down_proj")
+    )
     result = export_adapter(adapter, tmp_path / "out")
     merged_dir = tmp_path / "out" / "merged"
     with safe_open(str(merged_dir / "model.safetensors"), framework="pt") as f:
@@ -48,10 +52,15 @@ def test_merged_export_reproduces_the_adapter(tiny_model_dir, tmp_path):
     assert (want - plain).abs().max() > 1e-2  # the adapter really changes the logits
     assert (got - want).abs().max() < 1e-4
     assert result.max_abs_logit_diff is not None and result.max_abs_logit_diff < 1e-4
-    assert json.loads((tmp_path / "out" / "export.json").read_text())["max_abs_logit_diff"] == result.max_abs_logit_diff
+    assert (
+        json.loads((tmp_path / "out" / "export.json").read_text())["max_abs_logit_diff"]
+        == result.max_abs_logit_diff
+    )
 
     # the adapter alone, in peft format, loads on the base and gives the same logits
-    again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "out" / "adapter")).eval()
+    again = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(tmp_path / "out" / "adapter")
+    ).eval()
     with torch.no_grad():
         assert torch.equal(again(input_ids=IDS).logits, want)
 
@@ -74,7 +83,9 @@ def test_export_errors(tmp_path):
 
 def test_cli_exports_the_best_checkpoint_of_a_run(tiny_model_dir, tmp_path):
     run = make_run(tmp_path / "run", {1: 0.2, 2: 0.9, 3: 0.5}, model_dir=tiny_model_dir)
-    result = CliRunner().invoke(cli_app, ["export", str(run), "--select", "best", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        cli_app, ["export", str(run), "--select", "best", "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "export.json").read_text())
     assert manifest["adapter_source"].endswith("step_000002/adapter")
@@ -110,8 +121,17 @@ def test_export_refuses_a_non_empty_out_and_with_overwrite_replaces_it_whole(tin
 
     result = CliRunner().invoke(cli_app, ["export", str(adapter), "--out", str(out), "--overwrite"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["adapter", "export.json", "merged"]  # nothing of the old folder
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "exported"]  # no temporary or set-aside folder left
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter",
+        "export.json",
+        "merged",
+    ]  # nothing of the old folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adapter",
+        "exported",
+    ]  # no temporary or set-aside folder left
     assert json.loads((out / "export.json").read_text())["merged_dir"] == str(out / "merged")
     (tmp_path / "empty").mkdir()
-    assert export_adapter(adapter, tmp_path / "empty", merged=False).adapter_dir == str(tmp_path / "empty" / "adapter")
+    assert export_adapter(adapter, tmp_path / "empty", merged=False).adapter_dir == str(
+        tmp_path / "empty" / "adapter"
+    )

@@ -20,7 +20,10 @@ def test_latest_best_and_step(tiny_model_dir, tmp_path):
     assert registry.best("reward_mean", "min").step == 5
     assert resolve_adapter(run, "best") == run / "checkpoints" / "step_000020" / "adapter"
     assert resolve_adapter(run, "10") == run / "checkpoints" / "step_000010" / "adapter"
-    assert resolve_adapter(run / "checkpoints" / "step_000005") == run / "checkpoints" / "step_000005" / "adapter"
+    assert (
+        resolve_adapter(run / "checkpoints" / "step_000005")
+        == run / "checkpoints" / "step_000005" / "adapter"
+    )
     adapter = run / "checkpoints" / "step_000005" / "adapter"
     assert resolve_adapter(adapter) == adapter
 
@@ -45,7 +48,11 @@ def test_list_command_marks_the_best(tiny_model_dir, tmp_path):
     run = make_run(tmp_path / "run", {1: 0.25, 2: 0.75, 3: 0.5}, model_dir=tiny_model_dir)
     result = CliRunner().invoke(cli_app, ["adapters", "list", str(run)])
     assert result.exit_code == 0, result.output
-    lines = {int(line.split()[1]): line for line in result.output.splitlines() if line.split()[1:2] and line.split()[1].isdigit()}
+    lines = {
+        int(line.split()[1]): line
+        for line in result.output.splitlines()
+        if line.split()[1:2] and line.split()[1].isdigit()
+    }
     assert sorted(lines) == [1, 2, 3]
     assert "0.75" in lines[2] and "*" in lines[2]
     assert "*" not in lines[1] and "*" not in lines[3]

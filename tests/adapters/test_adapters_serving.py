@@ -29,8 +29,13 @@ def adapters(peaked_model_dir, tmp_path_factory):
     from tiny_models import build_tiny_model_dir
 
     root = tmp_path_factory.mktemp("adapters")
-    made = {k: make_adapter(peaked_model_dir, root / k, seed=s, targets=("q_proj", "v_proj", "up_proj")) for k, s in (("a", 1), ("b", 2))}
-    made["wide"] = make_adapter(build_tiny_model_dir(root / "wide-model", hidden_size=64), root / "wide")  # another base
+    made = {
+        k: make_adapter(peaked_model_dir, root / k, seed=s, targets=("q_proj", "v_proj", "up_proj"))
+        for k, s in (("a", 1), ("b", 2))
+    }
+    made["wide"] = make_adapter(
+        build_tiny_model_dir(root / "wide-model", hidden_size=64), root / "wide"
+    )  # another base
     return made
 
 
@@ -59,7 +64,9 @@ def _greedy(peaked_model_dir, adapter_dir, prompts) -> dict[str, list[int]]:
 
 
 def _ask(client, model, content, **extra):
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], max_tokens=6, **extra)
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=6, **extra
+    )
 
 
 def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters):
@@ -79,7 +86,11 @@ def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters)
     by_name = {}
     for name, resp in zip(["tiny", "a", "b"] * 2, responses, strict=True):
         by_name.setdefault(name, []).append(resp.choices[0])
-    refs = {"tiny": _reference(peaked_model_dir), "a": _reference(peaked_model_dir, adapters["a"]), "b": _reference(peaked_model_dir, adapters["b"])}
+    refs = {
+        "tiny": _reference(peaked_model_dir),
+        "a": _reference(peaked_model_dir, adapters["a"]),
+        "b": _reference(peaked_model_dir, adapters["b"]),
+    }
     for name, choices in by_name.items():
         for c in choices:
             expected = _forward_logprobs(refs[name], c.prompt_token_ids, c.token_ids)
@@ -87,7 +98,9 @@ def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters)
         assert choices[0].adapter_id == table.get(name).adapter_id
     # the same prompt, the same tokens: three different logprobs, one per set of weights
     c = by_name["a"][0]
-    scores = [float(_forward_logprobs(refs[n], c.prompt_token_ids, c.token_ids).sum()) for n in ("tiny", "a", "b")]
+    scores = [
+        float(_forward_logprobs(refs[n], c.prompt_token_ids, c.token_ids).sum()) for n in ("tiny", "a", "b")
+    ]
     assert min(abs(x - y) for i, x in enumerate(scores) for y in scores[i + 1 :]) > 0.1
 
 
@@ -112,10 +125,17 @@ def test_load_and_unload_at_run_time(peaked_model_dir, adapters):
     assert http.post("/v1/chat/completions", json=body).status_code == 404
     added = http.post("/v1/adapters", json={"name": "c", "path": str(adapters["a"])})
     assert added.status_code == 201 and added.json()["version"] == 1
-    assert http.post("/v1/chat/completions", json=body).json()["choices"][0]["adapter_id"] == added.json()["adapter_id"]
+    assert (
+        http.post("/v1/chat/completions", json=body).json()["choices"][0]["adapter_id"]
+        == added.json()["adapter_id"]
+    )
     assert http.post("/v1/adapters", json={"name": "c", "path": str(adapters["b"])}).status_code == 409
     listed = {r["name"]: r for r in http.get("/v1/adapters").json()["data"]}
-    assert listed["c"]["path"] == str(adapters["a"]) and listed["c"]["in_flight"] == 0 and listed["tiny"]["adapter_id"] is None
+    assert (
+        listed["c"]["path"] == str(adapters["a"])
+        and listed["c"]["in_flight"] == 0
+        and listed["tiny"]["adapter_id"] is None
+    )
     bad = http.post("/v1/adapters", json={"name": "d", "path": str(peaked_model_dir)})
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
     loaded = policy.adapters.loaded()
@@ -125,13 +145,17 @@ def test_load_and_unload_at_run_time(peaked_model_dir, adapters):
     assert http.delete("/v1/adapters/c").json()["deleted"] is True
     app.state.adapters.wait_unloaded()
     assert http.post("/v1/chat/completions", json=body).status_code == 404
-    assert policy.adapters.loaded() == [] and not hasattr(policy.model, "peft_config")  # back to the plain base
+    assert policy.adapters.loaded() == [] and not hasattr(
+        policy.model, "peft_config"
+    )  # back to the plain base
     assert http.delete("/v1/adapters/tiny").status_code == 409
 
 
 def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_model_dir, adapters):
     greedy = {k: _greedy(peaked_model_dir, adapters[k], PROMPTS) for k in ("a", "b")}
-    assert all(greedy["a"][p] != greedy["b"][p] for p in PROMPTS[:4])  # the adapters are told apart by their outputs
+    assert all(
+        greedy["a"][p] != greedy["b"][p] for p in PROMPTS[:4]
+    )  # the adapters are told apart by their outputs
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
     table = AdapterTable(policy)
     first = table.add("prod", adapters["a"])
@@ -140,7 +164,9 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
 
     async def go():
         client = inprocess_client(app)
-        admin = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://grooves.local", timeout=60)
+        admin = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://grooves.local", timeout=60
+        )
         done: list = []
 
         async def worker(w):  # 8 clients, each sending its next request when the last one is answered
@@ -180,9 +206,19 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
     assert first.adapter_id not in policy.adapters.loaded()  # the old adapter was freed once drained
 
     back = TestClient(app).post("/v1/adapters/prod/rollback")
-    assert back.status_code == 200 and back.json()["version"] == 3 and back.json()["path"] == str(adapters["a"])
-    body = {"model": "prod", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 6, "temperature": 0}
-    assert TestClient(app).post("/v1/chat/completions", json=body).json()["choices"][0]["token_ids"] == greedy["a"][PROMPTS[0]]
+    assert (
+        back.status_code == 200 and back.json()["version"] == 3 and back.json()["path"] == str(adapters["a"])
+    )
+    body = {
+        "model": "prod",
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    assert (
+        TestClient(app).post("/v1/chat/completions", json=body).json()["choices"][0]["token_ids"]
+        == greedy["a"][PROMPTS[0]]
+    )
     assert TestClient(app).post("/v1/adapters/prod/rollback").status_code == 409  # nothing earlier
 
 
@@ -214,7 +250,10 @@ def test_the_training_adapter_keeps_training(peaked_model_dir, adapters):
     policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)], adapter=extra.adapter_id)
     assert {n for n, p in policy.model.named_parameters() if p.requires_grad} == trainable
     assert policy.model.active_adapter == "default"
-    assert policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0].token_ids == before.token_ids
+    assert (
+        policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0].token_ids
+        == before.token_ids
+    )
     policy.adapters.bump()
     assert table.version_of(table.get("run")) == 1  # the trainer's own name reports its step
     with pytest.raises(AdapterConflict, match="training adapter"):
@@ -236,7 +275,9 @@ def test_serve_options(peaked_model_dir, adapters):
         parse_adapter_options([str(adapters["a"]), str(adapters["b"])], "tiny")
     with pytest.raises(ValueError, match="already served"):
         parse_adapter_options([f"tiny={adapters['a']}"], "tiny")
-    result = CliRunner().invoke(cli_app, ["serve", "--model", str(peaked_model_dir), "--adapter", f"x={peaked_model_dir}"])
+    result = CliRunner().invoke(
+        cli_app, ["serve", "--model", str(peaked_model_dir), "--adapter", f"x={peaked_model_dir}"]
+    )
     assert result.exit_code == 1 and "--adapter x=" in result.output
 
 
@@ -253,9 +294,15 @@ def test_an_adapter_with_nan_weights_is_refused(peaked_model_dir, adapters, tmp_
     answer = http.post("/v1/adapters", json={"name": "d", "path": str(bad)})
     assert answer.status_code == 400
     error = answer.json()["error"]
-    assert error["param"] == "path" and error["message"].startswith(f"{bad}: 1 of ") and "hold NaN or inf" in error["message"]
+    assert (
+        error["param"] == "path"
+        and error["message"].startswith(f"{bad}: 1 of ")
+        and "hold NaN or inf" in error["message"]
+    )
     http.post("/v1/adapters", json={"name": "p", "path": str(adapters["a"])})
     assert http.post("/v1/adapters/p/promote", json={"path": str(bad)}).status_code == 400
-    assert app.state.adapters.get("p").path == str(adapters["a"])  # still served: the promotion never happened
+    assert app.state.adapters.get("p").path == str(
+        adapters["a"]
+    )  # still served: the promotion never happened
     with pytest.raises(ValueError, match=r"--adapter x=.*hold NaN or inf"):
         parse_adapter_options([f"x={bad}"], "tiny")

@@ -12,26 +12,47 @@ from grooves.cli import app
 # each is checked before the model's weights load: a start that fails here writes nothing
 BAD = [
     ('task = "no_such_module_xyz:Task"', "task: 'no_such_module_xyz:Task': cannot import no_such_module_xyz"),
-    ('task = "grooves.tasks.capitals:Nope"', "task: 'grooves.tasks.capitals:Nope': cannot import: module grooves.tasks.capitals has no attribute 'Nope'"),
-    ("[task_options]\nmax_wordz = 4", "task_options.max_wordz: 'capitals' has no option 'max_wordz'; its options: validation_fraction, max_words, seed"),
-    ('tasks = [{task = "capitals"}, {task = "toy_tokens", options = {size = 3}}]', "tasks.1.options.size: 'toy_tokens' has no option 'size'"),
-    ('[lora]\ntarget_modules = ["q_proj", "qproj"]', "lora.target_modules: 'qproj' is no layer of this model; its linear layers are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"),
+    (
+        'task = "grooves.tasks.capitals:Nope"',
+        "task: 'grooves.tasks.capitals:Nope': cannot import: module grooves.tasks.capitals has no attribute 'Nope'",
+    ),
+    (
+        "[task_options]\nmax_wordz = 4",
+        "task_options.max_wordz: 'capitals' has no option 'max_wordz'; its options: validation_fraction, max_words, seed",
+    ),
+    (
+        'tasks = [{task = "capitals"}, {task = "toy_tokens", options = {size = 3}}]',
+        "tasks.1.options.size: 'toy_tokens' has no option 'size'",
+    ),
+    (
+        '[lora]\ntarget_modules = ["q_proj", "qproj"]',
+        "lora.target_modules: 'qproj' is no layer of this model; its linear layers are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj",
+    ),
     ("[lora]\ntarget_modules = []", "lora.target_modules: List should have at least 1 item"),
-    ('[model]\ndevice = "gpu"', "model.device: not a device; use cpu, cuda, cuda:N, mps, xpu or xpu:N (got 'gpu')"),
+    (
+        '[model]\ndevice = "gpu"',
+        "model.device: not a device; use cpu, cuda, cuda:N, mps, xpu or xpu:N (got 'gpu')",
+    ),
     ('[model]\ndevice = "cuda:99"', "model.device: 'cuda:99', but torch sees "),
-    ('[model]\ntool_format = "xml"', "model.tool_format: Input should be 'smollm2' or 'template' (got 'xml')"),
+    (
+        '[model]\ntool_format = "xml"',
+        "model.tool_format: Input should be 'smollm2' or 'template' (got 'xml')",
+    ),
     ("[optim]\nbetas = [0.9, 1.0]", "optim.betas: each beta must be in [0, 1)"),
     ("[optim]\nbetas = [0.9]", "optim.betas.1: Field required"),
     ("seed = -1", "seed: Input should be greater than or equal to 0 (got -1)"),
     ("seed = 4294967296", "seed: Input should be less than or equal to 4294967295 (got 4294967296)"),
     ("steps = true", "steps: Input should be a number, not true (got True)"),
     ('output_dir = ""', "output_dir: is empty; name the run folder, e.g. runs/my_run (got '')"),
-    ("[rollout]\nmax_tokens = 8192", "rollout.max_tokens: 8192 leaves no room for a prompt in the model's context of 8192 tokens"),
+    (
+        "[rollout]\nmax_tokens = 8192",
+        "rollout.max_tokens: 8192 leaves no room for a prompt in the model's context of 8192 tokens",
+    ),
     ("[optim]\nlr = inf", "optim.lr: Input should be a finite number (got inf)"),
     ("[lora]\nalpha = nan", "lora.alpha: Input should be a finite number (got nan)"),
     ("[algorithm]\nstd_floor = inf", "algorithm.std_floor: Input should be a finite number (got inf)"),
     ("[watch.reward_jump]\nz = inf", "watch.reward_jump.z: Input should be a finite number (got inf)"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +70,9 @@ def weightless_model(tiny_model_dir, tmp_path_factory):
 def test_a_bad_run_file_gives_one_line_naming_the_field(weightless_model, tmp_path, body, line):
     run_file = tmp_path / "bad.toml"
     run_file.write_text(body if "output_dir" in body else f'output_dir = "{tmp_path / "run"}"\n{body}\n')
-    result = CliRunner().invoke(app, ["train", str(run_file), "--set", f"model.base_model={weightless_model}"])
+    result = CliRunner().invoke(
+        app, ["train", str(run_file), "--set", f"model.base_model={weightless_model}"]
+    )
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{run_file}: {line}"), result.stderr

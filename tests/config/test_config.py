@@ -25,9 +25,14 @@ def test_wrong_type_is_named():
 
 @pytest.mark.parametrize(
     "data,field",
-    [({"rollout": {"group_size": 1}}, "rollout.group_size"), ({"optim": {"lr": 0}}, "optim.lr"),
-     ({"optim": {"lr": -1e-5}}, "optim.lr"), ({"steps": 0}, "steps"), ({"lora": {"rank": 0}}, "lora.rank")],
-)  # fmt: skip
+    [
+        ({"rollout": {"group_size": 1}}, "rollout.group_size"),
+        ({"optim": {"lr": 0}}, "optim.lr"),
+        ({"optim": {"lr": -1e-5}}, "optim.lr"),
+        ({"steps": 0}, "steps"),
+        ({"lora": {"rank": 0}}, "lora.rank"),
+    ],
+)
 def test_impossible_values(data, field):
     msg = _error(data)
     assert msg.startswith(f"{field}: ") and "\n" not in msg
@@ -35,13 +40,23 @@ def test_impossible_values(data, field):
 
 def test_an_unknown_fast_mode_names_the_field_and_the_choices():
     msg = _error({"model": {"fast": "fastest"}})
-    assert msg.startswith("model.fast: ") and all(f"'{m}'" in msg for m in ("on", "timed", "off")) and "\n" not in msg
+    assert (
+        msg.startswith("model.fast: ")
+        and all(f"'{m}'" in msg for m in ("on", "timed", "off"))
+        and "\n" not in msg
+    )
 
 
-@pytest.mark.parametrize("key", ["merge_lora_for_sampling", "fused_decode", "matmul_forms", "reuse_freed_memory"])
+@pytest.mark.parametrize(
+    "key", ["merge_lora_for_sampling", "fused_decode", "matmul_forms", "reuse_freed_memory"]
+)
 def test_a_retired_speed_setting_names_its_replacement(key):
     msg = _error({"model": {key: False}})
-    assert msg.startswith(f"model.{key}: replaced by model.fast (") and msg.endswith("see docs/speed.md") and "\n" not in msg
+    assert (
+        msg.startswith(f"model.{key}: replaced by model.fast (")
+        and msg.endswith("see docs/speed.md")
+        and "\n" not in msg
+    )
 
 
 def test_load_and_round_trip(tmp_path):
@@ -64,17 +79,31 @@ def test_bad_toml_and_missing_file(tmp_path):
 
 @pytest.mark.parametrize(
     "text,line",
-    [("[optim]\nlr = inf", "optim.lr: Input should be a finite number (got inf)"),
-     ("[optim]\nbetas = [0.9, nan]", "optim.betas.1: Input should be a finite number (got nan)"),
-     ("[lora]\nalpha = -inf", "lora.alpha: Input should be a finite number (got -inf)"),
-     ("[algorithm]\nstd_floor = inf", "algorithm.std_floor: Input should be a finite number (got inf)"),
-     ("[rollout]\ntemperature = nan", "rollout.temperature: Input should be a finite number (got nan)"),
-     ("[watch.reward_jump]\nmin_delta = inf", "watch.reward_jump.min_delta: Input should be a finite number (got inf)"),
-     ("[task_options]\nscale = inf", "task_options.scale: Input should be a finite number (got inf)"),
-     ('tasks = [{task = "capitals", weight = inf}]', "tasks.0.weight: Input should be a finite number (got inf)"),
-     ("[rollout]\nconcurrency = true", "rollout.concurrency: Input should be a number, not true (got True)"),
-     ("[optim]\nweight_decay = false", "optim.weight_decay: Input should be a number, not false (got False)")],
-)  # fmt: skip
+    [
+        ("[optim]\nlr = inf", "optim.lr: Input should be a finite number (got inf)"),
+        ("[optim]\nbetas = [0.9, nan]", "optim.betas.1: Input should be a finite number (got nan)"),
+        ("[lora]\nalpha = -inf", "lora.alpha: Input should be a finite number (got -inf)"),
+        ("[algorithm]\nstd_floor = inf", "algorithm.std_floor: Input should be a finite number (got inf)"),
+        ("[rollout]\ntemperature = nan", "rollout.temperature: Input should be a finite number (got nan)"),
+        (
+            "[watch.reward_jump]\nmin_delta = inf",
+            "watch.reward_jump.min_delta: Input should be a finite number (got inf)",
+        ),
+        ("[task_options]\nscale = inf", "task_options.scale: Input should be a finite number (got inf)"),
+        (
+            'tasks = [{task = "capitals", weight = inf}]',
+            "tasks.0.weight: Input should be a finite number (got inf)",
+        ),
+        (
+            "[rollout]\nconcurrency = true",
+            "rollout.concurrency: Input should be a number, not true (got True)",
+        ),
+        (
+            "[optim]\nweight_decay = false",
+            "optim.weight_decay: Input should be a number, not false (got False)",
+        ),
+    ],
+)
 def test_every_number_must_be_finite_and_a_number(tmp_path, text, line):
     """One check over the whole validated config, the watch's sections and task options included."""
     path = tmp_path / "run.toml"
@@ -94,7 +123,9 @@ def test_the_tool_formats_the_config_allows_are_the_ones_that_exist():
 
 
 def test_a_check_across_fields_is_one_line_without_the_input():
-    assert _error({"tasks": []}) == "tasks is empty; list at least one {task = ..., weight = ...} or use `task`"
+    assert (
+        _error({"tasks": []}) == "tasks is empty; list at least one {task = ..., weight = ...} or use `task`"
+    )
 
 
 def test_an_sft_run_file_is_checked_like_a_training_run_file():
@@ -104,7 +135,9 @@ def test_an_sft_run_file_is_checked_like_a_training_run_file():
     cases = {
         "optim.lr: Input should be a finite number": {"optim": {"lr": float("inf")}},
         "model.fused_decode: replaced by model.fast": {"model": {"fused_decode": True}},
-        "validation.task_options.k: Input should be a finite number": {"validation": {"task_options": {"k": float("nan")}}},
+        "validation.task_options.k: Input should be a finite number": {
+            "validation": {"task_options": {"k": float("nan")}}
+        },
     }
     for start, extra in cases.items():
         with pytest.raises(ConfigError) as err:

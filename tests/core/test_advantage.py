@@ -21,7 +21,9 @@ def test_grpo_one_right_of_four():
     # mean 0.25, std sqrt(0.1875) = 0.4330127
     a = grpo(torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64), eps=0.0)
     std = math.sqrt(0.1875)
-    torch.testing.assert_close(a, torch.tensor([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], dtype=torch.float64))
+    torch.testing.assert_close(
+        a, torch.tensor([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], dtype=torch.float64)
+    )
     assert a[0].item() == pytest.approx(1.7320508, abs=1e-6)
 
 
@@ -34,7 +36,9 @@ def test_grpo_without_std_is_dr_grpo():
 def test_rloo_leave_one_out_baseline():
     # baselines: (1+2)/2, (3+2)/2, (3+1)/2 = 1.5, 2.5, 2
     torch.testing.assert_close(rloo(torch.tensor([3.0, 1.0, 2.0])), torch.tensor([1.5, -1.5, 0.0]))
-    torch.testing.assert_close(rloo(torch.tensor([1.0, 0.0, 0.0, 0.0])), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    torch.testing.assert_close(
+        rloo(torch.tensor([1.0, 0.0, 0.0, 0.0])), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3])
+    )
 
 
 def test_rloo_is_scaled_dr_grpo():
@@ -54,7 +58,9 @@ def test_std_floor_bounds_float_residue():
 
 
 def test_group_advantages_std_floor_through_float_list():
-    out = group_advantages([[0.35, 0.35 + 1e-7, 0.35, 0.35 + 1e-7]], "grpo", scale_by_std=True, std_floor=1e-3)
+    out = group_advantages(
+        [[0.35, 0.35 + 1e-7, 0.35, 0.35 + 1e-7]], "grpo", scale_by_std=True, std_floor=1e-3
+    )
     assert out.num_dropped == 0
     assert out.advantages[0].abs().max().item() < 1e-4
     assert out.advantages[0].dtype == torch.float32

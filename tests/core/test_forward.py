@@ -17,7 +17,9 @@ LENGTHS = [7, 12, 5, 9]
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def model(request, tiny_model_dir):
-    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=request.param, dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation=request.param, dtype=torch.float32
+    )
     return m.eval()
 
 
@@ -28,7 +30,9 @@ def _sequences(vocab: int) -> list[TrainSequence]:
         ids = torch.randint(3, vocab, (n,), generator=g).tolist()
         mask = [i >= 3 for i in range(n)]
         old = [-1.0 - 0.1 * i if m else 0.0 for i, m in enumerate(mask)]
-        seqs.append(TrainSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][k], group_id=0, prompt_len=3))
+        seqs.append(
+            TrainSequence(ids, mask, old, advantage=[1.0, -1.0, 0.5, -0.5][k], group_id=0, prompt_len=3)
+        )
     return seqs
 
 
@@ -96,7 +100,9 @@ def _with_temperatures(seqs: list[TrainSequence], per_sequence: list[list[float]
 @torch.no_grad()
 def test_each_token_is_read_at_its_own_temperature(model):
     """lp[t] = log_softmax(logits[t-1] / T_t)[ids[t]] with T_t from the batch, in padded and packed batches."""
-    seqs = _with_temperatures(_sequences(model.config.vocab_size), [[0.5], [0.5, 1.3], [1.0], [0.7, 1.0, 2.0]])
+    seqs = _with_temperatures(
+        _sequences(model.config.vocab_size), [[0.5], [0.5, 1.3], [1.0], [0.7, 1.0, 2.0]]
+    )
     for batch in [pad_batch(seqs), *pack_batches(seqs, max_tokens=20)]:
         lps = _per_sequence(batch, token_logprobs(model, batch)[0])
         for src in batch.sequence_index:
@@ -132,15 +138,26 @@ def test_pad_and_pack_give_the_same_model_loss(model, policy_loss):
     def loss_of(batch, num_sequences, num_tokens):
         lp, _ = token_logprobs(model, batch)
         loss, _ = compute_loss(
-            lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
-            policy_loss=policy_loss, eps_low=0.2, eps_high=0.28, aggregation="sequence_mean",
-            max_completion_tokens=12, num_sequences=num_sequences, num_tokens=num_tokens,
+            lp,
+            batch.old_logprobs,
+            batch.advantages,
+            batch.sampled_mask,
+            batch.seq_ids,
+            policy_loss=policy_loss,
+            eps_low=0.2,
+            eps_high=0.28,
+            aggregation="sequence_mean",
+            max_completion_tokens=12,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
         )
         return loss.item()
 
     with torch.no_grad():
         whole = loss_of(padded, None, None)
-        split = sum(loss_of(b, padded.num_sequences, padded.num_sampled_tokens) for b in pack_batches(seqs, 20))
+        split = sum(
+            loss_of(b, padded.num_sequences, padded.num_sampled_tokens) for b in pack_batches(seqs, 20)
+        )
     assert abs(whole - split) < 1e-5
 
 
@@ -148,7 +165,9 @@ def test_pad_and_pack_give_the_same_model_loss(model, policy_loss):
 def test_peft_adapter_and_disabled_reference(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, attn_implementation="sdpa", dtype=torch.float32
+    )
     seqs = _sequences(base.config.vocab_size)
     batch = pack_batches(seqs, max_tokens=20)[0]
     lp_base, _ = token_logprobs(base, batch)
@@ -194,14 +213,21 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
-    model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+        ),
+    )
     prompt = [5, 17, 33, 8, 91, 12]
     seqs = []
     for i, completion in enumerate([[40, 41, 2], [50, 51, 52, 53, 2], [60, 2]]):
         ids = prompt + completion
         mask = [False] * len(prompt) + [True] * len(completion)
         temps = [1.0] * len(prompt) + [[0.5, 1.0, 1.7][i]] * len(completion)
-        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), float(i) - 1.0, 0, len(prompt), temperatures=temps))
+        seqs.append(
+            TrainSequence(ids, mask, [0.0] * len(ids), float(i) - 1.0, 0, len(prompt), temperatures=temps)
+        )
     batch = pad_batch(seqs)
     assert not bool((batch.temperatures == 1).all())
     params = [p for p in model.parameters() if p.requires_grad]
@@ -216,13 +242,19 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
     lp_full, ent_full, g_full = loss_and_grads(lambda: token_logprobs(model, batch))
     m = batch.sampled_mask
     for packed in (True, False):  # suffixes packed into one row (sdpa/eager) or padded over a repeated cache
-        lp_pre, ent_pre, g_pre = loss_and_grads(lambda packed=packed: shared_prefix_logprobs(model, batch, len(prompt), pack_suffixes=packed))
+        lp_pre, ent_pre, g_pre = loss_and_grads(
+            lambda packed=packed: shared_prefix_logprobs(model, batch, len(prompt), pack_suffixes=packed)
+        )
         assert (lp_full[m] - lp_pre[m]).abs().max() < 1e-5
         assert (ent_full[m] - ent_pre[m]).abs().max() < 1e-5
         assert max(float((a - b).abs().max()) for a, b in zip(g_full, g_pre, strict=True)) < 1e-5
         assert any(float(g.abs().max()) > 0 for g in g_pre)
         if packed:  # padding is never computed, so it stays 0
             assert float(lp_pre[~batch.attention_mask.bool()].abs().max()) == 0.0
-    alike = pad_batch([dataclasses.replace(s, input_ids=prompt + [40] + s.input_ids[len(prompt) + 1 :]) for s in seqs])
-    with pytest.raises(ValueError, match="the shared prefix holds sampled tokens"):  # each row's first sampled token is 40
+    alike = pad_batch(
+        [dataclasses.replace(s, input_ids=prompt + [40] + s.input_ids[len(prompt) + 1 :]) for s in seqs]
+    )
+    with pytest.raises(
+        ValueError, match="the shared prefix holds sampled tokens"
+    ):  # each row's first sampled token is 40
         shared_prefix_logprobs(model, alike, len(prompt) + 1)

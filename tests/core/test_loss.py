@@ -121,7 +121,9 @@ def test_kl_k1_k3_values():
     lp_ref = torch.tensor([LOG(0.25), LOG(1.0)])
     # d = log 0.5, log 2
     torch.testing.assert_close(kl_penalty(lp, lp_ref, "k1"), torch.tensor([LOG(2), -LOG(2)]))
-    torch.testing.assert_close(kl_penalty(lp, lp_ref, "k3"), torch.tensor([0.5 - LOG(0.5) - 1, 2 - LOG(2) - 1]))
+    torch.testing.assert_close(
+        kl_penalty(lp, lp_ref, "k3"), torch.tensor([0.5 - LOG(0.5) - 1, 2 - LOG(2) - 1])
+    )
 
 
 def test_k3_nonnegative_and_zero_at_equal():
@@ -175,9 +177,20 @@ def test_kl_off_the_mask_cannot_overflow(kind):
     lp_ref = lp.detach().clone()
     lp_ref[:, 3] = lp.detach()[:, 3] + 200.0  # the masked column
     loss, stats = compute_loss(
-        lp, lp_old, adv, mask, seq_ids, policy_loss="ppo", eps_low=0.2, eps_high=0.28,
-        aggregation="token_mean", max_completion_tokens=4, lp_ref=lp_ref, beta=0.1, kl_kind=kind,
-    )  # fmt: skip
+        lp,
+        lp_old,
+        adv,
+        mask,
+        seq_ids,
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_tokens=4,
+        lp_ref=lp_ref,
+        beta=0.1,
+        kl_kind=kind,
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     assert stats["kl_mean"] == 0.0 and stats["kl_loss"] == 0.0  # lp_ref equals lp on every sampled token
@@ -208,8 +221,15 @@ def test_aggregation_normalizers(mode, expected):
     assert packed.item() == pytest.approx(expected)
     # split into two micro batches with the step's counts, the parts add up to the whole
     parts = [
-        aggregate(loss[i : i + 1], mask[i : i + 1], seq_ids[i : i + 1] - i * (seq_ids[i : i + 1] >= 0).long(),
-                  mode, max_completion_tokens=4, num_sequences=2, num_tokens=5)
+        aggregate(
+            loss[i : i + 1],
+            mask[i : i + 1],
+            seq_ids[i : i + 1] - i * (seq_ids[i : i + 1] >= 0).long(),
+            mode,
+            max_completion_tokens=4,
+            num_sequences=2,
+            num_tokens=5,
+        )
         for i in range(2)
     ]
     assert sum(p.item() for p in parts) == pytest.approx(expected)
@@ -222,7 +242,9 @@ def test_constant_aggregation_counts_every_rollout_of_the_step():
     common = dict(max_completion_tokens=4, num_sequences=2, num_tokens=5, num_rollouts=6)
     assert aggregate(loss, mask, seq_ids, "constant", **common).item() == pytest.approx(15 / 24)
     assert aggregate(loss, mask, seq_ids, "token_mean", **common).item() == pytest.approx(15 / 5)
-    assert aggregate(loss, mask, seq_ids, "sequence_mean", **common).item() == pytest.approx((6 / 3 + 9 / 2) / 2)
+    assert aggregate(loss, mask, seq_ids, "sequence_mean", **common).item() == pytest.approx(
+        (6 / 3 + 9 / 2) / 2
+    )
 
 
 def test_aggregation_unknown_mode():
@@ -235,8 +257,16 @@ def test_compute_loss_on_policy_is_plain_policy_gradient():
     lp, _, adv, mask, seq_ids = _ratio_case()
     lp_old = lp.detach().clone()
     loss, stats = compute_loss(
-        lp, lp_old, adv, mask, seq_ids, policy_loss="ppo", eps_low=0.2, eps_high=0.28,
-        aggregation="token_mean", max_completion_tokens=4,
+        lp,
+        lp_old,
+        adv,
+        mask,
+        seq_ids,
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_tokens=4,
     )
     loss.backward()
     torch.testing.assert_close(lp.grad, torch.where(mask, -adv / 6, torch.zeros(())))
@@ -251,8 +281,19 @@ def test_compute_loss_with_kl_and_mismatch_stats():
     lp, lp_old, adv, mask, seq_ids = _ratio_case()
     lp_ref = lp.detach() - LOG(2)  # d = -log 2 on every token: k3 = 0.5 + log 2 - 1
     loss, stats = compute_loss(
-        lp, lp_old, adv, mask, seq_ids, policy_loss="ppo", eps_low=0.2, eps_high=0.28,
-        aggregation="token_mean", max_completion_tokens=4, lp_ref=lp_ref, beta=0.1, kl_kind="k3",
+        lp,
+        lp_old,
+        adv,
+        mask,
+        seq_ids,
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_tokens=4,
+        lp_ref=lp_ref,
+        beta=0.1,
+        kl_kind="k3",
     )
     policy = (-1.28 - 0.5 - 1.1 + 1.5 + 0.8 + 1.1) / 6
     k3 = 0.5 + LOG(2) - 1
@@ -280,9 +321,13 @@ def test_compute_loss_errors():
 def test_the_loss_built_from_the_algorithm_section_is_compute_loss_with_its_settings():
     lp, lp_old, adv, mask, seq_ids = _ratio_case()
     lp_ref = lp.detach() - LOG(2)  # d = -log 2 on every token: k3 = 0.5 + log 2 - 1
-    algorithm = AlgorithmConfig(loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="token_mean", kl_beta=0.1, kl_kind="k3")
+    algorithm = AlgorithmConfig(
+        loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="token_mean", kl_beta=0.1, kl_kind="k3"
+    )
     loss_fn = build_loss(algorithm, max_completion_tokens=4)
-    assert loss_fn.needs_reference and not build_loss(AlgorithmConfig(), max_completion_tokens=4).needs_reference
+    assert (
+        loss_fn.needs_reference and not build_loss(AlgorithmConfig(), max_completion_tokens=4).needs_reference
+    )
     loss, stats = loss_fn(lp, lp_old, adv, mask, seq_ids, lp_ref=lp_ref)
     policy = (-1.28 - 0.5 - 1.1 + 1.5 + 0.8 + 1.1) / 6
     assert loss.item() == pytest.approx(policy + 0.1 * (0.5 + LOG(2) - 1), abs=1e-6)
@@ -293,7 +338,9 @@ def test_the_built_loss_divides_by_the_step_and_every_rollout_it_asked_for():
     """Dr. GRPO's constant: the step's 6 rollouts x 4 tokens, whatever this micro-batch holds."""
     lp, _, adv, mask, seq_ids = _ratio_case()
     on_policy = lp.detach().clone()  # ratio 1: the loss is -sum(A) over sampled tokens / the constant
-    constant = build_loss(AlgorithmConfig(aggregation="constant"), max_completion_tokens=4, rollouts_per_step=6)
+    constant = build_loss(
+        AlgorithmConfig(aggregation="constant"), max_completion_tokens=4, rollouts_per_step=6
+    )
     loss, _ = constant(lp, on_policy, adv, mask, seq_ids, counts=StepCounts(num_sequences=2, num_tokens=6))
     assert loss.item() == pytest.approx((-3 + 3) / 24)
     token_mean = build_loss(AlgorithmConfig(), max_completion_tokens=4)
@@ -303,6 +350,12 @@ def test_the_built_loss_divides_by_the_step_and_every_rollout_it_asked_for():
 
 def test_a_loss_with_an_unknown_setting_is_refused_when_built():
     with pytest.raises(ValueError, match="unknown policy loss 'reinforce'; allowed: cispo, gspo, ppo"):
-        Loss(policy_loss="reinforce", eps_low=0.2, eps_high=0.28, aggregation="token_mean", max_completion_tokens=4)
+        Loss(
+            policy_loss="reinforce",
+            eps_low=0.2,
+            eps_high=0.28,
+            aggregation="token_mean",
+            max_completion_tokens=4,
+        )
     with pytest.raises(ValueError, match="unknown loss aggregation 'sum'"):
         Loss(policy_loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="sum", max_completion_tokens=4)

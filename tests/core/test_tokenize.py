@@ -22,7 +22,9 @@ NEG = torch.finfo(torch.float32).min
 def _tool_trajectory() -> Trajectory:
     """system+user [1,2,3] -> tool call [10,11,12] -> tool result [20,21] -> answer [13,14] -> user [30,31,32] -> [15]."""
     t0 = SampledTurn(prompt_token_ids=[1, 2, 3], token_ids=[10, 11, 12], logprobs=[-0.1, -0.2, -0.3])
-    t1 = SampledTurn(prompt_token_ids=[1, 2, 3, 10, 11, 12, 20, 21], token_ids=[13, 14], logprobs=[-0.4, -0.5])
+    t1 = SampledTurn(
+        prompt_token_ids=[1, 2, 3, 10, 11, 12, 20, 21], token_ids=[13, 14], logprobs=[-0.4, -0.5]
+    )
     t2 = SampledTurn(
         prompt_token_ids=[1, 2, 3, 10, 11, 12, 20, 21, 13, 14, 30, 31, 32], token_ids=[15], logprobs=[-0.6]
     )
@@ -52,8 +54,12 @@ def test_each_sampled_token_carries_its_turns_temperature():
 def test_non_append_only_template_starts_a_new_sequence():
     traj = _tool_trajectory()
     # turn 1's template drops the earlier completion except its last token (like stripping <think>)
-    traj.turns[1] = SampledTurn(prompt_token_ids=[1, 2, 3, 12, 20, 21], token_ids=[13, 14], logprobs=[-0.4, -0.5])
-    traj.turns[2] = SampledTurn(prompt_token_ids=[1, 2, 3, 12, 20, 21, 13, 14, 30], token_ids=[15], logprobs=[-0.6])
+    traj.turns[1] = SampledTurn(
+        prompt_token_ids=[1, 2, 3, 12, 20, 21], token_ids=[13, 14], logprobs=[-0.4, -0.5]
+    )
+    traj.turns[2] = SampledTurn(
+        prompt_token_ids=[1, 2, 3, 12, 20, 21, 13, 14, 30], token_ids=[15], logprobs=[-0.6]
+    )
     first, second = trajectory_to_sequences(traj, -1.0)
     assert first.input_ids == [1, 2, 3, 10, 11, 12]
     assert [i for i, m in enumerate(first.sampled_mask) if m] == [3, 4, 5]
@@ -83,7 +89,9 @@ def test_failed_trajectory_is_refused():
 def _seq(ids, sampled_from, adv=1.0):
     n = len(ids)
     mask = [i >= sampled_from for i in range(n)]
-    return TrainSequence(ids, mask, [-0.1 * i if m else 0.0 for i, m in enumerate(mask)], adv, 0, sampled_from)
+    return TrainSequence(
+        ids, mask, [-0.1 * i if m else 0.0 for i, m in enumerate(mask)], adv, 0, sampled_from
+    )
 
 
 def test_pad_batch_layout():
@@ -92,7 +100,10 @@ def test_pad_batch_layout():
     assert batch.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
     assert batch.seq_ids.tolist() == [[0, 0, 0, -1, -1], [1, 1, 1, 1, 1]]
-    assert batch.sampled_mask.tolist() == [[False, True, True, False, False], [False, False, False, True, True]]
+    assert batch.sampled_mask.tolist() == [
+        [False, True, True, False, False],
+        [False, False, False, True, True],
+    ]
     assert batch.advantages.tolist() == [[2, 2, 2, 0, 0], [-1, -1, -1, -1, -1]]
     torch.testing.assert_close(batch.old_logprobs[1], torch.tensor([0, 0, 0, -0.3, -0.4]))
     assert (batch.num_sequences, batch.num_sampled_tokens, batch.sequence_index) == (2, 4, (0, 1))
@@ -151,16 +162,27 @@ def test_pad_and_pack_give_the_same_loss(policy_loss, aggregation):
     for k, n in enumerate([7, 4, 9, 3, 6]):
         ids = torch.randint(1, 50, (n,), generator=g).tolist()
         seq = _seq(ids, 2, adv=[1.0, -0.5, 0.25, -1.0, 0.75][k])
-        old = [x - 0.05 * (k + 1) if m else 0.0 for x, m in zip(seq.old_logprobs, seq.sampled_mask, strict=True)]
+        old = [
+            x - 0.05 * (k + 1) if m else 0.0 for x, m in zip(seq.old_logprobs, seq.sampled_mask, strict=True)
+        ]
         seqs.append(TrainSequence(seq.input_ids, seq.sampled_mask, old, seq.advantage, 0, 2))
 
     def loss_of(batch, num_sequences, num_tokens):
         # a current logprob that depends only on the token and its position, whatever the layout
         lp = -0.02 * batch.input_ids.float() - 0.01 * batch.position_ids.float()
         out, _ = compute_loss(
-            lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids,
-            policy_loss=policy_loss, eps_low=0.2, eps_high=0.28, aggregation=aggregation,
-            max_completion_tokens=8, num_sequences=num_sequences, num_tokens=num_tokens,
+            lp,
+            batch.old_logprobs,
+            batch.advantages,
+            batch.sampled_mask,
+            batch.seq_ids,
+            policy_loss=policy_loss,
+            eps_low=0.2,
+            eps_high=0.28,
+            aggregation=aggregation,
+            max_completion_tokens=8,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
         )
         return out.item()
 

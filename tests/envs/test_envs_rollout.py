@@ -33,21 +33,47 @@ class ScriptedClient:
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
 
     async def _create(self, *, model, messages, tools, logprobs, temperature, max_tokens) -> ChatCompletion:
-        self.requests.append({"model": model, "messages": copy.deepcopy(messages), "tools": tools,
-                              "logprobs": logprobs, "temperature": temperature, "max_tokens": max_tokens})
+        self.requests.append(
+            {
+                "model": model,
+                "messages": copy.deepcopy(messages),
+                "tools": tools,
+                "logprobs": logprobs,
+                "temperature": temperature,
+                "max_tokens": max_tokens,
+            }
+        )
         content, calls = self.agent(messages)
         n = len(self.requests)
-        tool_calls = [{"id": f"call_{n}_{i}", "type": "function",
-                       "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
-                      for i, (name, args) in enumerate(calls)]
+        tool_calls = [
+            {
+                "id": f"call_{n}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+            }
+            for i, (name, args) in enumerate(calls)
+        ]
         message = {"role": "assistant", "content": content or None, "tool_calls": tool_calls or None}
         tokens = list(range(100 + n, 100 + n + max(1, len(content or "") // 4 + 2 * len(calls))))
-        return ChatCompletion.model_validate({
-            "id": f"cmpl-{n}", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "finish_reason": "tool_calls" if calls else "stop", "message": message,
-                         "token_ids": tokens, "prompt_token_ids": list(range(10 * n)),
-                         "sampled_logprobs": [-0.5] * len(tokens), "adapter_version": 3}],
-        })
+        return ChatCompletion.model_validate(
+            {
+                "id": f"cmpl-{n}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls" if calls else "stop",
+                        "message": message,
+                        "token_ids": tokens,
+                        "prompt_token_ids": list(range(10 * n)),
+                        "sampled_logprobs": [-0.5] * len(tokens),
+                        "adapter_version": 3,
+                    }
+                ],
+            }
+        )
 
 
 def tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,7 +106,9 @@ def test_run_episode_records_turns_tool_messages_and_grade():
     env = get_env("support_desk")
     scenario = refund_scenario(env)
     client = ScriptedClient(support_agent(scenario))
-    traj = asyncio.run(run_episode(client, env, scenario, model="policy", max_turns=6, temperature=0.7, max_tokens=64))
+    traj = asyncio.run(
+        run_episode(client, env, scenario, model="policy", max_turns=6, temperature=0.7, max_tokens=64)
+    )
     assert traj.error is None
     assert traj.reward == 1.0
     assert traj.rewards == {"policy": 1.0, "truthful": 1.0, "action": 1.0, "answer": 1.0}
@@ -105,8 +133,12 @@ def test_bad_tool_calls_from_the_model_are_tool_errors_and_the_episode_goes_on()
     env = get_env("support_desk")
     scenario = refund_scenario(env)
     good = support_agent(scenario)
-    script = iter([("", [("find_customer", "{not json"), ("no_such_tool", "{}")]),
-                   ("", [("find_customer", {"email": scenario["email"], "extra": 1})])])
+    script = iter(
+        [
+            ("", [("find_customer", "{not json"), ("no_such_tool", "{}")]),
+            ("", [("find_customer", {"email": scenario["email"], "extra": 1})]),
+        ]
+    )
 
     def agent(messages):
         step = next(script, None)

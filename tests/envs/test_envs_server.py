@@ -59,8 +59,14 @@ def test_two_concurrent_sessions_are_isolated(tracker_url):
     def work(episode, tag):
         keys = []
         for i in range(15):
-            created = json.loads(episode.step(tool_call("create_issue", {
-                "project": "API", "title": f"{tag} issue {i}", "type": "task", "priority": "low"}))["content"])
+            created = json.loads(
+                episode.step(
+                    tool_call(
+                        "create_issue",
+                        {"project": "API", "title": f"{tag} issue {i}", "type": "task", "priority": "low"},
+                    )
+                )["content"]
+            )
             keys.append(created["created"])
         return keys
 
@@ -68,8 +74,12 @@ def test_two_concurrent_sessions_are_isolated(tracker_url):
         keys_a, keys_b = pool.map(work, [a, b], ["alpha", "beta"])
     assert keys_a == keys_b  # the same new keys, each in its own world
     for episode, mine, theirs in [(a, "alpha", "beta"), (b, "beta", "alpha")]:
-        own = json.loads(episode.step(tool_call("search_issues", {"query": f"{mine} issue"}))["content"])["issues"]
-        other = json.loads(episode.step(tool_call("search_issues", {"query": f"{theirs} issue"}))["content"])["issues"]
+        own = json.loads(episode.step(tool_call("search_issues", {"query": f"{mine} issue"}))["content"])[
+            "issues"
+        ]
+        other = json.loads(episode.step(tool_call("search_issues", {"query": f"{theirs} issue"}))["content"])[
+            "issues"
+        ]
         assert len(own) == 10 and other == []  # search returns at most 10
         assert episode.metrics()["env_tool_calls"] == 17
     key = keys_a[-1]
@@ -105,7 +115,9 @@ def test_snapshot_restore_and_fork_over_http(tracker_url):
 
 def test_errors_are_json_4xx(tracker_url):
     with httpx.Client(base_url=tracker_url) as http:
-        missing = http.post("/sessions/not-a-session/step", json={"tool_call": tool_call("get_issue", {"key": "X"})})
+        missing = http.post(
+            "/sessions/not-a-session/step", json={"tool_call": tool_call("get_issue", {"key": "X"})}
+        )
         assert missing.status_code == 404 and missing.json()["detail"] == "no session not-a-session"
         bad_scenario = http.post("/sessions", json={"scenario": {"id": "nope"}})
         assert bad_scenario.status_code == 400 and "no scenario 'nope'" in bad_scenario.json()["detail"]
@@ -115,7 +127,9 @@ def test_errors_are_json_4xx(tracker_url):
         assert malformed.status_code == 422 and "detail" in malformed.json()
         extra = http.post("/sessions", json={"scenario": {}, "sql": "DROP TABLE"})
         assert extra.status_code == 422
-        huge = http.post("/sessions", content=b"x" * (33 * 2**20), headers={"content-type": "application/json"})
+        huge = http.post(
+            "/sessions", content=b"x" * (33 * 2**20), headers={"content-type": "application/json"}
+        )
         assert huge.status_code == 413 and huge.json()["error"] == "body_too_large"
         split = http.get("/scenarios", params={"split": "test"})
         assert split.status_code == 400
@@ -162,10 +176,15 @@ def _fragile_env() -> SqliteEnvironment:
         return Grade(score=1.0 if g.answer else 0.0)
 
     spec = TaskSpec(
-        name="fragile", description="tools and a grader that can fail", system_prompt="hit things",
-        build_seed=seed, make_scenarios=lambda conn, s: assign_splits("fragile", [{"prompt": "go", "expected": {}}] * 5),
+        name="fragile",
+        description="tools and a grader that can fail",
+        system_prompt="hit things",
+        build_seed=seed,
+        make_scenarios=lambda conn, s: assign_splits("fragile", [{"prompt": "go", "expected": {}}] * 5),
         tools=[Tool("hit", "count", obj({}), hit), Tool("crash", "fails", obj({}), crash)],
-        grade=grade, gold=lambda s, c: "ok", bad=lambda s: [],
+        grade=grade,
+        gold=lambda s, c: "ok",
+        bad=lambda s: [],
     )
     return SqliteEnvironment(spec)
 
@@ -208,8 +227,12 @@ def test_a_remote_environment_runs_episodes_like_a_local_one():
         assert isinstance(remote, Environment) and isinstance(local, Environment)
         assert remote.name == "support_desk" and remote.limits == local.limits
         assert remote.scenarios("validation") == [public_scenario(s) for s in local.scenarios("validation")]
-        far = asyncio.run(run_episode(ScriptedClient(support_agent(scenario)), remote, scenario, model="m", max_turns=6))
-        near = asyncio.run(run_episode(ScriptedClient(support_agent(scenario)), local, scenario, model="m", max_turns=6))
+        far = asyncio.run(
+            run_episode(ScriptedClient(support_agent(scenario)), remote, scenario, model="m", max_turns=6)
+        )
+        near = asyncio.run(
+            run_episode(ScriptedClient(support_agent(scenario)), local, scenario, model="m", max_turns=6)
+        )
         assert far.messages == near.messages
         assert far.reward == near.reward == 1.0 and far.rewards == near.rewards
         assert far.metrics["env_tool_calls"] == near.metrics["env_tool_calls"] == 3
@@ -269,7 +292,9 @@ def test_restore_over_http_checks_schema_size_and_streamed_body():
         assert len(snap) < 200_000
         with pytest.raises(RemoteEnvError, match="400.*'view spin'"):
             episode.restore(tampered(snap, RECURSIVE_VIEW))
-        big = tampered(snap, "INSERT INTO comments (issue_key, body) VALUES ('WEB-1', hex(randomblob(70000)))")
+        big = tampered(
+            snap, "INSERT INTO comments (issue_key, body) VALUES ('WEB-1', hex(randomblob(70000)))"
+        )
         assert 200_000 < len(big) < 300_000  # under the body limit, over the snapshot limit
         with pytest.raises(RemoteEnvError, match="413.*at most 200000"):
             episode.restore(big)
@@ -287,10 +312,16 @@ def test_a_malformed_tool_call_over_http_is_a_tool_error(tracker_url):
     with httpx.Client(base_url=tracker_url) as http:
         scenario = http.get("/scenarios").json()[0]
         sid = http.post("/sessions", json={"scenario": scenario}).json()["session_id"]
-        for bad in ({"function": 5}, {"id": "c", "function": {"name": "get_issue", "arguments": '{"key": ' + "9" * 5000 + "}"}}):
+        for bad in (
+            {"function": 5},
+            {"id": "c", "function": {"name": "get_issue", "arguments": '{"key": ' + "9" * 5000 + "}"}},
+        ):
             resp = http.post(f"/sessions/{sid}/step", json={"tool_call": bad})
             assert resp.status_code == 200
-            assert json.loads(resp.json()["message"]["content"])["error"] in ("invalid_tool_call", "invalid_json")
+            assert json.loads(resp.json()["message"]["content"])["error"] in (
+                "invalid_tool_call",
+                "invalid_json",
+            )
         http.delete(f"/sessions/{sid}")
 
 
@@ -298,10 +329,15 @@ def test_a_500_leaves_the_keep_alive_connection_open():
     with http_server(create_app(_fragile_env())) as url, httpx.Client(base_url=url) as http:
         scenario = http.get("/scenarios").json()[0]
         sid = http.post("/sessions", json={"scenario": scenario}).json()["session_id"]
-        crashed = http.post(f"/sessions/{sid}/grade", json={"messages": [{"role": "assistant", "content": "crash"}]})
+        crashed = http.post(
+            f"/sessions/{sid}/grade", json={"messages": [{"role": "assistant", "content": "crash"}]}
+        )
         first = crashed.extensions["network_stream"].get_extra_info("client_addr")
         after = http.post(f"/sessions/{sid}/step", json={"tool_call": tool_call("hit", {})})
         second = after.extensions["network_stream"].get_extra_info("client_addr")
-    assert crashed.status_code == 500 and crashed.json() == {"error": "internal", "detail": "RuntimeError: grader bug"}
+    assert crashed.status_code == 500 and crashed.json() == {
+        "error": "internal",
+        "detail": "RuntimeError: grader bug",
+    }
     assert after.status_code == 200 and json.loads(after.json()["message"]["content"]) == {"n": 1}
     assert first == second  # one connection carried both

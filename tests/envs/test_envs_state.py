@@ -104,8 +104,15 @@ def test_episodes_of_one_environment_share_nothing():
     env = get_env("issue_tracker")
     scenario = env.scenarios("train")[0]
     a, b = env.reset(scenario), env.reset(scenario)
-    made = a.step({"id": "1", "function": {"name": "create_issue", "arguments":
-                   '{"project": "WEB", "title": "only in a", "type": "task", "priority": "low"}'}})
+    made = a.step(
+        {
+            "id": "1",
+            "function": {
+                "name": "create_issue",
+                "arguments": '{"project": "WEB", "title": "only in a", "type": "task", "priority": "low"}',
+            },
+        }
+    )
     assert "created" in made["content"]
     find = {"id": "2", "function": {"name": "search_issues", "arguments": '{"query": "only in a"}'}}
     assert '"issues": []' not in a.step(find)["content"]
@@ -118,8 +125,12 @@ def test_on_disk_episodes_snapshot_restore_and_clean_up():
     path = episode.state.path
     assert path is not None and path.exists()
     snap = episode.snapshot()
-    episode.step({"id": "a", "function": {"name": "hold_seat", "arguments":
-                  '{"flight_id": "GR101", "passenger_id": "PS001"}'}})
+    episode.step(
+        {
+            "id": "a",
+            "function": {"name": "hold_seat", "arguments": '{"flight_id": "GR101", "passenger_id": "PS001"}'},
+        }
+    )
     assert episode.snapshot() != snap
     episode.restore(snap)
     assert episode.snapshot() == snap and path.read_bytes() == snap
@@ -152,8 +163,10 @@ RECURSIVE_VIEW = (
     ("statement", "named"),
     [
         (RECURSIVE_VIEW, "view spin"),
-        ("CREATE TRIGGER slow AFTER INSERT ON comments BEGIN SELECT count(*) FROM issues a, issues b, issues c; END",
-         "trigger slow"),
+        (
+            "CREATE TRIGGER slow AFTER INSERT ON comments BEGIN SELECT count(*) FROM issues a, issues b, issues c; END",
+            "trigger slow",
+        ),
         ("CREATE INDEX by_title ON issues(title)", "index by_title"),
         ("CREATE TABLE extra (x)", "table extra"),
         ("ALTER TABLE issues ADD COLUMN secret TEXT", "table issues"),
@@ -164,7 +177,9 @@ def test_restore_refuses_a_database_whose_schema_is_not_the_seeds(statement, nam
     env = get_env("issue_tracker")
     episode = env.reset(env.scenarios("train")[0])
     snap = episode.snapshot()
-    with pytest.raises(ValueError, match=f"not a snapshot of a issue_tracker episode: its schema .*'{named}'"):
+    with pytest.raises(
+        ValueError, match=f"not a snapshot of a issue_tracker episode: its schema .*'{named}'"
+    ):
         episode.restore(tampered(snap, statement))
     assert episode.snapshot() == snap  # a refused restore leaves the state as it was
     same_schema = tampered(snap, "UPDATE issues SET title = 'edited' WHERE key = 'WEB-1'")
@@ -182,7 +197,9 @@ def test_restore_refuses_a_damaged_database():
     damaged = bytearray(snap)
     start = (root - 1) * page
     damaged[start : start + page] = b"\xff" * page  # the issues table's root page
-    with pytest.raises(ValueError, match="not a snapshot of a issue_tracker episode: the database is damaged"):
+    with pytest.raises(
+        ValueError, match="not a snapshot of a issue_tracker episode: the database is damaged"
+    ):
         episode.restore(bytes(damaged))
     assert episode.snapshot() == snap
     episode.close()

@@ -51,7 +51,11 @@ def test_tools_are_declared_in_openai_format(tracker):
         ("get_issue", "{}", "schema_violation"),  # missing required field
         ("get_issue", '{"key": 12}', "schema_violation"),  # wrong type
         ("get_issue", '{"key": "WEB-1", "sql": "x"}', "schema_violation"),  # unknown field
-        ("create_issue", {"project": "NOPE", "title": "t", "type": "bug", "priority": "low"}, "schema_violation"),
+        (
+            "create_issue",
+            {"project": "NOPE", "title": "t", "type": "bug", "priority": "low"},
+            "schema_violation",
+        ),
         ("get_issue", '{"key": "WEB-99999"}', "refused"),
     ],
 )
@@ -75,10 +79,22 @@ def _nested(depth: int) -> dict:
 @pytest.mark.parametrize(
     ("tool_call", "kind"),
     [
-        (call("get_issue", "[" * 4000 + "]" * 4000), "invalid_json"),  # under the size limit, past the parser's depth
-        (call("get_issue", '{"key": ' + "7" * 5000 + "}"), "invalid_json"),  # past Python's 4300-digit int limit
-        ({"id": "c1", "function": {"name": "get_issue", "arguments": _nested(5000)}}, "invalid_tool_call"),  # parsed, too deep
-        ({"id": "c1", "function": {"name": "get_issue", "arguments": {"key": 10**5000}}}, "invalid_tool_call"),
+        (
+            call("get_issue", "[" * 4000 + "]" * 4000),
+            "invalid_json",
+        ),  # under the size limit, past the parser's depth
+        (
+            call("get_issue", '{"key": ' + "7" * 5000 + "}"),
+            "invalid_json",
+        ),  # past Python's 4300-digit int limit
+        (
+            {"id": "c1", "function": {"name": "get_issue", "arguments": _nested(5000)}},
+            "invalid_tool_call",
+        ),  # parsed, too deep
+        (
+            {"id": "c1", "function": {"name": "get_issue", "arguments": {"key": 10**5000}}},
+            "invalid_tool_call",
+        ),
         ({"id": "c1", "function": 5}, "invalid_tool_call"),
         ({"id": "c1", "function": {"name": ["get_issue"], "arguments": "{}"}}, "invalid_tool_call"),
         ({"id": {"x": 1}, "function": {"name": "get_issue", "arguments": "{}"}}, "invalid_tool_call"),
@@ -102,11 +118,15 @@ def test_toolbox_run_turns_an_unwritable_result_into_an_error():
         return loop
 
     spec = TaskSpec(
-        name="odd_results", description="tools whose results are not JSON", system_prompt="call",
+        name="odd_results",
+        description="tools whose results are not JSON",
+        system_prompt="call",
         build_seed=lambda conn, s: conn.execute("CREATE TABLE t (x)"),
         make_scenarios=lambda conn, s: assign_splits("odd_results", [{"prompt": "go", "expected": {}}] * 5),
         tools=[Tool("huge", "a huge number", obj({}), huge), Tool("circular", "a loop", obj({}), circular)],
-        grade=lambda g: Grade(score=1.0), gold=lambda s, c: "", bad=lambda s: [],
+        grade=lambda g: Grade(score=1.0),
+        gold=lambda s, c: "",
+        bad=lambda s: [],
     )
     env = SqliteEnvironment(spec)
     episode = env.reset(env.scenarios("train")[0])
@@ -128,8 +148,17 @@ def test_huge_arguments_are_refused_before_parsing(tracker):
 
 
 def test_sql_in_a_string_is_stored_and_found_as_data(tracker):
-    made = reply(tracker, "create_issue", {"project": "OPS", "title": HOSTILE, "type": "bug", "priority": "high",
-                                            "description": "Robert'); DROP TABLE links;--"})
+    made = reply(
+        tracker,
+        "create_issue",
+        {
+            "project": "OPS",
+            "title": HOSTILE,
+            "type": "bug",
+            "priority": "high",
+            "description": "Robert'); DROP TABLE links;--",
+        },
+    )
     key = made["created"]
     found = reply(tracker, "search_issues", {"query": "DROP TABLE"})["issues"]
     assert [i["title"] for i in found] == [HOSTILE]
@@ -159,7 +188,9 @@ def test_hostile_strings_in_search_and_lookups_elsewhere():
         restored = episode.fork()
         restored.restore(before)
         for table in ("customers", "bookings", "docs"):
-            exists = episode.state.one("SELECT count(*) AS n FROM sqlite_master WHERE name = ?", (table,))["n"]
+            exists = episode.state.one("SELECT count(*) AS n FROM sqlite_master WHERE name = ?", (table,))[
+                "n"
+            ]
             if exists:
                 n = episode.state.one(f"SELECT count(*) AS n FROM {table}")["n"]
                 assert n == restored.state.one(f"SELECT count(*) AS n FROM {table}")["n"] > 0
@@ -180,11 +211,18 @@ def _crashing_env() -> SqliteEnvironment:
         return 1 / 0
 
     spec = TaskSpec(
-        name="crashy", description="a tool with a bug", system_prompt="count",
-        build_seed=seed, make_scenarios=lambda conn, s: assign_splits("crashy", [{"prompt": "go", "expected": {}}] * 5),
-        tools=[Tool("bump", "add one", obj({}), bump, latency_s=1.0),
-               Tool("explode", "a bug", obj({"why": string("why", 20)}), explode, latency_s=1.0)],
-        grade=lambda g: Grade(score=1.0), gold=lambda s, c: "", bad=lambda s: [],
+        name="crashy",
+        description="a tool with a bug",
+        system_prompt="count",
+        build_seed=seed,
+        make_scenarios=lambda conn, s: assign_splits("crashy", [{"prompt": "go", "expected": {}}] * 5),
+        tools=[
+            Tool("bump", "add one", obj({}), bump, latency_s=1.0),
+            Tool("explode", "a bug", obj({"why": string("why", 20)}), explode, latency_s=1.0),
+        ],
+        grade=lambda g: Grade(score=1.0),
+        gold=lambda s, c: "",
+        bad=lambda s: [],
         limits=Limits(latency_budget_s=3.5),
     )
     return SqliteEnvironment(spec)

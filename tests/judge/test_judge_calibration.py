@@ -57,9 +57,22 @@ def invoke(*args: str):
 
 
 def score_args(server, tmp_path, rubric: str, out: str, *extra: str) -> list[str]:
-    return ["judge", "score", str(tmp_path / "items.jsonl"), "--rubric", str(tmp_path / rubric),
-            "--out", str(tmp_path / out), "--base-url", server.base_url, "--model", "scripted-judge",
-            "--cache", str(tmp_path / "cache.sqlite"), *extra]
+    return [
+        "judge",
+        "score",
+        str(tmp_path / "items.jsonl"),
+        "--rubric",
+        str(tmp_path / rubric),
+        "--out",
+        str(tmp_path / out),
+        "--base-url",
+        server.base_url,
+        "--model",
+        "scripted-judge",
+        "--cache",
+        str(tmp_path / "cache.sqlite"),
+        *extra,
+    ]
 
 
 def score(server, tmp_path, rubric: str, out: str, *extra: str) -> str:
@@ -76,8 +89,11 @@ def test_score_writes_versioned_records_and_reruns_from_cache(files):
     records = read_records(files / "s1.jsonl")
     assert [r.score for r in records] == [k / 10 for k in range(10)]
     assert {(r.rubric, r.rubric_version, len(r.rubric_hash), r.judge_model, r.mode) for r in records} == {
-        ("numbers", "1", 12, "scripted-judge", "absolute")}
-    assert re.search(r"judge requests\s*│\s*10", out) and re.search(r"mean score\s*│\s*0\.450 over 10/10", out)
+        ("numbers", "1", 12, "scripted-judge", "absolute")
+    }
+    assert re.search(r"judge requests\s*│\s*10", out) and re.search(
+        r"mean score\s*│\s*0\.450 over 10/10", out
+    )
     assert re.search(r"judge requests\s*│\s*0", again) and re.search(r"cache hits\s*│\s*10", again)
 
 
@@ -111,16 +127,36 @@ def test_inspect_shows_extremes_and_keeps_imported_verdicts(files):
     with ScriptedServer() as server:
         server.fallback = judge_v1
         score(server, files, "v1.toml", "s1.jsonl")
-    marks = mark(files, [{"id": "i9", "agree": True}, {"id": "i7", "agree": "disagree", "note": "padded"},
-                         {"id": "i0", "agree": True}, {"id": "i1", "agree": False, "note": "terse but right"}])
-    out = invoke("judge", "inspect", str(files / "s1.jsonl"), "--k", "3", "--verdicts", marks,
-                 "--html", str(files / "inspect.html"))
+    marks = mark(
+        files,
+        [
+            {"id": "i9", "agree": True},
+            {"id": "i7", "agree": "disagree", "note": "padded"},
+            {"id": "i0", "agree": True},
+            {"id": "i1", "agree": False, "note": "terse but right"},
+        ],
+    )
+    out = invoke(
+        "judge",
+        "inspect",
+        str(files / "s1.jsonl"),
+        "--k",
+        "3",
+        "--verdicts",
+        marks,
+        "--html",
+        str(files / "inspect.html"),
+    )
     assert "highest 3" in out and "lowest 3" in out and "kept 4 verdicts" in out
     top_ids = re.findall(r"│ (i\d) ", out.split("lowest 3")[0])
     assert top_ids == ["i9", "i8", "i7"]
     verdicts = {v.id: v for v in read_verdicts(files / "s1.verdicts.jsonl")}
     assert {k: (v.side, v.good) for k, v in verdicts.items()} == {
-        "i9": ("top", True), "i7": ("top", False), "i0": ("bottom", False), "i1": ("bottom", True)}
+        "i9": ("top", True),
+        "i7": ("top", False),
+        "i0": ("bottom", False),
+        "i1": ("bottom", True),
+    }
     page = (files / "inspect.html").read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>" not in page
     assert "terse but right" in page
@@ -130,19 +166,33 @@ def test_inspect_asks_a_person_interactively(files):
     with ScriptedServer() as server:
         server.fallback = judge_v1
         score(server, files, "v1.toml", "s1.jsonl")
-    result = runner.invoke(app, ["judge", "inspect", str(files / "s1.jsonl"), "--k", "2", "--prompt"],
-                           input="a\nclearly best\nd\nnot that good\ns\nq\n")
+    result = runner.invoke(
+        app,
+        ["judge", "inspect", str(files / "s1.jsonl"), "--k", "2", "--prompt"],
+        input="a\nclearly best\nd\nnot that good\ns\nq\n",
+    )
     assert result.exit_code == 0, result.output
     verdicts = read_verdicts(files / "s1.verdicts.jsonl")
-    assert [(v.id, v.agree, v.note) for v in verdicts] == [("i9", True, "clearly best"), ("i8", False, "not that good")]
+    assert [(v.id, v.agree, v.note) for v in verdicts] == [
+        ("i9", True, "clearly best"),
+        ("i8", False, "not that good"),
+    ]
 
 
 def test_inspect_rejects_unknown_ids_clearly(files):
     with ScriptedServer() as server:
         server.fallback = judge_v1
         score(server, files, "v1.toml", "s1.jsonl")
-    result = runner.invoke(app, ["judge", "inspect", str(files / "s1.jsonl"), "--verdicts",
-                                 mark(files, [{"id": "nope", "agree": True}])])
+    result = runner.invoke(
+        app,
+        [
+            "judge",
+            "inspect",
+            str(files / "s1.jsonl"),
+            "--verdicts",
+            mark(files, [{"id": "nope", "agree": True}]),
+        ],
+    )
     assert result.exit_code == 1 and "id 'nope' is not in the scores file" in result.output
 
 
@@ -152,11 +202,28 @@ def test_compare_reports_rubric_and_person_agreement(files):
         score(server, files, "v1.toml", "s1.jsonl")
         server.fallback = judge_v2
         score(server, files, "v2.toml", "s2.jsonl")
-    marks = mark(files, [{"id": "i9", "agree": True}, {"id": "i8", "agree": True}, {"id": "i7", "agree": False},
-                         {"id": "i0", "agree": True}, {"id": "i1", "agree": False}, {"id": "i2", "agree": True}])
+    marks = mark(
+        files,
+        [
+            {"id": "i9", "agree": True},
+            {"id": "i8", "agree": True},
+            {"id": "i7", "agree": False},
+            {"id": "i0", "agree": True},
+            {"id": "i1", "agree": False},
+            {"id": "i2", "agree": True},
+        ],
+    )
     invoke("judge", "inspect", str(files / "s1.jsonl"), "--k", "3", "--verdicts", marks)
-    out = invoke("judge", "compare", str(files / "s1.jsonl"), str(files / "s2.jsonl"),
-                 "--verdicts", str(files / "s1.verdicts.jsonl"), "--html", str(files / "compare.html"))
+    out = invoke(
+        "judge",
+        "compare",
+        str(files / "s1.jsonl"),
+        str(files / "s2.jsonl"),
+        "--verdicts",
+        str(files / "s1.verdicts.jsonl"),
+        "--html",
+        str(files / "compare.html"),
+    )
     a, b = read_records(files / "s1.jsonl"), read_records(files / "s2.jsonl")
     expected = agreement(a, b)
     assert expected.n == 10 and expected.mean_abs_diff == pytest.approx((0.4 + 0.5) / 10)
@@ -172,9 +239,16 @@ def test_compare_reports_rubric_and_person_agreement(files):
 
 def test_group_mode_scores_a_runs_trajectories_twice_for_position_bias(tmp_path):
     q = {"role": "user", "content": "Pick a number."}
-    groups = [TrajectoryGroup(scenario={"id": f"s{g}"}, trajectories=[
-        Trajectory(messages=[q, {"role": "assistant", "content": f"value 0.{g + k}"}]) for k in range(3)])
-        for g in range(2)]
+    groups = [
+        TrajectoryGroup(
+            scenario={"id": f"s{g}"},
+            trajectories=[
+                Trajectory(messages=[q, {"role": "assistant", "content": f"value 0.{g + k}"}])
+                for k in range(3)
+            ],
+        )
+        for g in range(2)
+    ]
     (tmp_path / "run.jsonl").write_text("".join(g.model_dump_json() + "\n" for g in groups))
     (tmp_path / "v1.toml").write_text(RUBRIC_V1)
 
@@ -184,9 +258,23 @@ def test_group_mode_scores_a_runs_trajectories_twice_for_position_bias(tmp_path)
 
     with ScriptedServer() as server:
         server.fallback = biased
-        out = invoke("judge", "score", str(tmp_path / "run.jsonl"), "--rubric", str(tmp_path / "v1.toml"),
-                     "--out", str(tmp_path / "s.jsonl"), "--mode", "group", "--twice", "--base-url",
-                     server.base_url, "--model", "scripted-judge", "--no-cache")
+        out = invoke(
+            "judge",
+            "score",
+            str(tmp_path / "run.jsonl"),
+            "--rubric",
+            str(tmp_path / "v1.toml"),
+            "--out",
+            str(tmp_path / "s.jsonl"),
+            "--mode",
+            "group",
+            "--twice",
+            "--base-url",
+            server.base_url,
+            "--model",
+            "scripted-judge",
+            "--no-cache",
+        )
         assert len(server.requests) == 4  # two groups, each judged in two orders
     records = read_records(tmp_path / "s.jsonl")
     assert [r.group for r in records] == ["s0"] * 3 + ["s1"] * 3

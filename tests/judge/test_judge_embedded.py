@@ -10,10 +10,14 @@ from grooves.judge import AbsoluteJudge, Criterion, JudgeClient, JudgeConfig, Ju
 from grooves.policy.transformers import TransformersPolicy
 from grooves.serve.app import inprocess_client
 
-TINY_RUBRIC = Rubric(name="t", version="1", instructions="Judge.", criteria=[Criterion(name="ok", text="Ok?")])
+TINY_RUBRIC = Rubric(
+    name="t", version="1", instructions="Judge.", criteria=[Criterion(name="ok", text="Ok?")]
+)
 
 
-def test_a_grooves_served_judge_is_called_and_its_unusable_replies_end_in_judge_error(tiny_model_dir, tmp_path):
+def test_a_grooves_served_judge_is_called_and_its_unusable_replies_end_in_judge_error(
+    tiny_model_dir, tmp_path
+):
     policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
 
     async def go():

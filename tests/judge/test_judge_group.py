@@ -67,7 +67,10 @@ def test_shared_context_is_shown_once(server, tmp_path):
 
 
 BAD_REPLIES = {
-    "missing id": (json.dumps({"scores": [{"reason": "r", "criteria": {"overall": 0.5}}] * 3}), 'has no "id"'),
+    "missing id": (
+        json.dumps({"scores": [{"reason": "r", "criteria": {"overall": 0.5}}] * 3}),
+        'has no "id"',
+    ),
     "extra score": (group_reply({"t1": 0.1, "t2": 0.2, "t3": 0.3, "t4": 0.4}), "expected exactly 3 scores"),
     "7 out of range": (group_reply({"t1": 0.1, "t2": 7, "t3": 0.3}), "7 is out of range [0, 1]"),
     "not JSON": ("The first answer is best, I'd give it 8/10.", "not valid JSON"),
@@ -96,7 +99,9 @@ def test_malformed_twice_fails_with_judge_error(server, tmp_path, kind):
 
 
 def test_code_fences_and_prose_are_tolerated(server, tmp_path):
-    server.script.append(lambda body: "Here is my judgment:\n```json\n" + sign(fair_judge(body), body) + "\n```\n")
+    server.script.append(
+        lambda body: "Here is my judgment:\n```json\n" + sign(fair_judge(body), body) + "\n```\n"
+    )
     judgment, _ = run(judge_once(server, tmp_path, [conversation("value 0.4"), conversation("value 0.8")]))
     assert [s.total for s in judgment.scores] == [0.4, 0.8]
     assert len(server.requests) == 1
@@ -128,13 +133,17 @@ def test_invalid_replies_are_not_cached(server, tmp_path):
 
 def first_shown_bonus(body: dict) -> str:
     """A judge with position bias: whatever is shown first gets +0.3."""
-    return group_reply({i: value_in(t) + (0.3 if i == "t1" else 0.0) for i, t in shown_responses(body).items()})
+    return group_reply(
+        {i: value_in(t) + (0.3 if i == "t1" else 0.0) for i, t in shown_responses(body).items()}
+    )
 
 
 def test_judge_twice_reverses_order_and_measures_position_bias(server, tmp_path):
     values = [0.2, 0.5, 0.4]
     server.script += [first_shown_bonus, first_shown_bonus]
-    judgment, client = run(judge_once(server, tmp_path, [conversation(f"value {v}") for v in values], judge_twice=True))
+    judgment, client = run(
+        judge_once(server, tmp_path, [conversation(f"value {v}") for v in values], judge_twice=True)
+    )
     assert len(server.requests) == 2
     orders = [[value_in(t) for t in shown_responses(b).values()] for b in server.requests]
     assert orders[1] == orders[0][::-1]
@@ -159,10 +168,12 @@ RUBRIC = Rubric(
 
 
 def test_per_criterion_scores_give_the_weighted_total(server, tmp_path):
-    reply = {"scores": [
-        {"id": "t1", "reason": "right but wordy", "criteria": {"correct": "yes", "concise": 0.2}},
-        {"id": "t2", "reason": "half right, short", "criteria": {"correct": "Partly", "concise": 1.0}},
-    ]}
+    reply = {
+        "scores": [
+            {"id": "t1", "reason": "right but wordy", "criteria": {"correct": "yes", "concise": 0.2}},
+            {"id": "t2", "reason": "half right, short", "criteria": {"correct": "Partly", "concise": 1.0}},
+        ]
+    }
     server.script.append(json.dumps(reply))
     judgment, _ = run(judge_once(server, tmp_path, [conversation("a"), conversation("b")], rubric=RUBRIC))
     by_reason = {s.reason: s for s in judgment.scores}
@@ -170,7 +181,12 @@ def test_per_criterion_scores_give_the_weighted_total(server, tmp_path):
     assert s1.criteria == {"correct": 1.0, "concise": 0.2}
     assert s1.total == pytest.approx((3 * 1.0 + 0.2) / 4)
     assert s2.total == pytest.approx((3 * 0.5 + 1.0) / 4)
-    assert (s1.rubric, s1.rubric_version, s1.rubric_hash, s1.judge_model) == ("qa", "2", RUBRIC.content_hash, "scripted-judge")
+    assert (s1.rubric, s1.rubric_version, s1.rubric_hash, s1.judge_model) == (
+        "qa",
+        "2",
+        RUBRIC.content_hash,
+        "scripted-judge",
+    )
     system = server.requests[0]["messages"][0]["content"]
     assert '"correct" (weight 3): Is it right? Answer one of "no", "partly", "yes"' in system
     assert system.index('"reason"') < system.index('"criteria"')  # reason before verdict
@@ -186,11 +202,13 @@ def test_unknown_choice_label_is_sent_back_for_repair(server, tmp_path):
 
 
 def test_judge_group_scores_only_successful_trajectories(server, tmp_path):
-    group = TrajectoryGroup(trajectories=[
-        Trajectory(messages=conversation("value 0.9")),
-        Trajectory(error="ToolError: boom"),
-        Trajectory(messages=conversation("value 0.1")),
-    ])
+    group = TrajectoryGroup(
+        trajectories=[
+            Trajectory(messages=conversation("value 0.9")),
+            Trajectory(error="ToolError: boom"),
+            Trajectory(messages=conversation("value 0.1")),
+        ]
+    )
     server.script.append(fair_judge)
 
     async def go():
@@ -220,4 +238,6 @@ def test_absolute_mode_scores_one_output_and_repairs(server, tmp_path):
     assert 'needs a "reason" string' in server.requests[1]["messages"][-1]["content"]
     assert again == score
     assert (usage.requests, later.requests, later.cache_hits) == (2, 0, 1)
-    assert usage.prompt_tokens > 0 and usage.completion_tokens == (3 + 2) + (5 + 2)  # "nonce": "..." is 2 words
+    assert usage.prompt_tokens > 0 and usage.completion_tokens == (3 + 2) + (
+        5 + 2
+    )  # "nonce": "..." is 2 words

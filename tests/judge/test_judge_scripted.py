@@ -124,9 +124,15 @@ def test_missing_endpoint_settings_name_the_env_vars(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (Body("<html>upstream busy</html>"), "answered with a body that is not a chat completion: '<html>upstream busy</html>'"),
+        (
+            Body("<html>upstream busy</html>"),
+            "answered with a body that is not a chat completion: '<html>upstream busy</html>'",
+        ),
         (Body("{not json", "application/json"), "answered with a body that is not JSON"),
-        (Body('{"object": "error"}', "application/json"), "answered with a body that is not a chat completion"),
+        (
+            Body('{"object": "error"}', "application/json"),
+            "answered with a body that is not a chat completion",
+        ),
     ],
     ids=["text", "broken JSON", "JSON without choices"],
 )
@@ -157,12 +163,19 @@ def test_check_finds_the_model_and_names_what_is_served(server, tmp_path):
             await client.aclose()
 
     assert asyncio.run(check(model="judge-b")) == ["judge-a", "judge-b"]
-    with pytest.raises(JudgeError, match=r"does not serve model 'scripted-judge'; it serves: judge-a, judge-b"):
+    with pytest.raises(
+        JudgeError, match=r"does not serve model 'scripted-judge'; it serves: judge-a, judge-b"
+    ):
         asyncio.run(check())
     root = server.base_url.removesuffix("/v1")
-    with pytest.raises(JudgeError, match=rf"answered 404 \(not found\); OpenAI-compatible servers answer under /v1: "
-                                         rf"try --base-url {re.escape(root)}/v1"):
+    with pytest.raises(
+        JudgeError,
+        match=rf"answered 404 \(not found\); OpenAI-compatible servers answer under /v1: "
+        rf"try --base-url {re.escape(root)}/v1",
+    ):
         asyncio.run(check(base_url=root))
-    with pytest.raises(JudgeError, match="cannot reach the judge at http://127.0.0.1:9/v1/.*Is the server running"):
+    with pytest.raises(
+        JudgeError, match="cannot reach the judge at http://127.0.0.1:9/v1/.*Is the server running"
+    ):
         asyncio.run(check(base_url="http://127.0.0.1:9/v1"))
     assert server.requests == []  # the check never asks for a completion

@@ -23,19 +23,31 @@ from grooves.tasks.toy import ToyTokensTask
 from grooves.train.loop import train
 from scripted_judge import Body, ScriptedServer, group_reply, make_client, shown_responses
 
-JUDGE_KEYS = ("judge_items", "judge_failures", "judge_coverage", "judge_seconds", "judge_requests",
-              "judge_prompt_tokens", "judge_completion_tokens")
+JUDGE_KEYS = (
+    "judge_items",
+    "judge_failures",
+    "judge_coverage",
+    "judge_seconds",
+    "judge_requests",
+    "judge_prompt_tokens",
+    "judge_completion_tokens",
+)
 BROKEN = (1, 5)
 """Scenarios ("Write something, number N.") whose judge request gets a 200 that is not JSON."""
 
 
 def _config(model_dir, out, **over):
     data = {
-        "name": "judged", "output_dir": str(out), "seed": 3, "steps": 2, "task": "toy_tokens",
+        "name": "judged",
+        "output_dir": str(out),
+        "seed": 3,
+        "steps": 2,
+        "task": "toy_tokens",
         "task_options": {"vocab_size": 487, "num_scenarios": 8},
         "model": {"base_model": str(model_dir)},
         "rollout": {"group_size": 2, "groups_per_step": 4, "max_tokens": 3},
-        "optim": {"lr": 1e-2}, "lora": {"rank": 2, "alpha": 4},
+        "optim": {"lr": 1e-2},
+        "lora": {"rank": 2, "alpha": 4},
         "validation": {"every": 2, "scenarios": 4, "samples": 2},
         "logging": {"progress": False},
     }
@@ -51,7 +63,9 @@ def length_score(text: str) -> float:
 def judge_or_break(body: dict):
     if int(re.search(r"number (\d+)", body["messages"][1]["content"]).group(1)) in BROKEN:
         return Body("<html>upstream busy</html>")
-    return group_reply({i: length_score(t.removeprefix("[assistant] ")) for i, t in shown_responses(body).items()})
+    return group_reply(
+        {i: length_score(t.removeprefix("[assistant] ")) for i, t in shown_responses(body).items()}
+    )
 
 
 class Judged:
@@ -83,7 +97,9 @@ def test_a_failing_judge_drops_its_groups_and_training_and_validation_go_on(tiny
         assert all(k in row for k in JUDGE_KEYS), sorted(row)
         groups = read_groups(run_dir / "samples" / f"step_{row['step']:06d}.jsonl")
         failed = [t for g in groups for t in g.trajectories if t.error]
-        assert len(failed) == 2 * sum(g.scenario["prompt"].endswith(tuple(f"number {n}." for n in BROKEN)) for g in groups)
+        assert len(failed) == 2 * sum(
+            g.scenario["prompt"].endswith(tuple(f"number {n}." for n in BROKEN)) for g in groups
+        )
         assert all(t.metrics["judge_failed"] == 1.0 and "not a chat completion" in t.error for t in failed)
         assert (row["judge_items"], row["judge_failures"]) == (8, len(failed))
         assert row["judge_coverage"] == pytest.approx((8 - len(failed)) / 8)
@@ -121,10 +137,17 @@ class RolloutJudgedTask(ToyTokensTask):
 def test_a_judge_failing_inside_rollouts_does_not_stop_the_run(tiny_model_dir, tmp_path):
     with ScriptedServer() as server:
         server.fallback = lambda body: "I think they are all fine."  # never a verdict
-        run_dir = train(_config(tiny_model_dir, tmp_path / "run", steps=1), task=RolloutJudgedTask(server, tmp_path))
-        assert len(server.requests) == 2 * (8 + 8 + 8)  # request + repair for each rollout: validation, step 1, validation
+        run_dir = train(
+            _config(tiny_model_dir, tmp_path / "run", steps=1), task=RolloutJudgedTask(server, tmp_path)
+        )
+        assert len(server.requests) == 2 * (
+            8 + 8 + 8
+        )  # request + repair for each rollout: validation, step 1, validation
     step = next(r for r in _rows(run_dir) if r["step"] == 1 and "reward_mean" in r)
     assert (step["rollouts"], step["failed_rollouts"]) == (8.0, 8.0)
     groups = read_groups(run_dir / "samples" / "step_000001.jsonl")
-    assert all(t.metrics["judge_failed"] == 1.0 and "still invalid after one repair" in t.error
-               for g in groups for t in g.trajectories)
+    assert all(
+        t.metrics["judge_failed"] == 1.0 and "still invalid after one repair" in t.error
+        for g in groups
+        for t in g.trajectories
+    )

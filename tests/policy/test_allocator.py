@@ -24,7 +24,9 @@ print(default, faults(10), applied)
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only"
+)
 def test_freed_big_blocks_are_reused_instead_of_faulted_in_again():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
     default, reused, applied = out.split()
@@ -43,15 +45,21 @@ def test_other_c_libraries_are_left_alone(monkeypatch):
     assert allocator.reuse_freed_memory() is False
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only"
+)
 def test_the_environment_form_has_the_same_effect():
     import os
 
     from grooves.policy.fast.allocator import ENVIRONMENT
 
-    script = SCRIPT.replace("applied = reuse_freed_memory()", "applied = True")  # glibc read the settings at start
+    script = SCRIPT.replace(
+        "applied = reuse_freed_memory()", "applied = True"
+    )  # glibc read the settings at start
     env = {**os.environ, **ENVIRONMENT}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env
+    ).stdout
     _, reused, _ = out.split()  # the first rounds grow the heap, as often as the splits happen to need
     pages = 10 * 48_000_000 // resource.getpagesize()
     assert int(reused) < 0.15 * pages  # the bound of the mallopt test above

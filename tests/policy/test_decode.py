@@ -17,7 +17,9 @@ from tiny_models import build_tiny_model_dir
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def model_dir(request, tmp_path_factory):
-    return build_tiny_model_dir(tmp_path_factory.mktemp(request.param), architecture=request.param, init_std=0.2)
+    return build_tiny_model_dir(
+        tmp_path_factory.mktemp(request.param), architecture=request.param, init_std=0.2
+    )
 
 
 def _policy(model_dir, **kwargs) -> TransformersPolicy:
@@ -42,7 +44,14 @@ PARAMS = [SamplingParams(n=3, max_tokens=9, seed=5), SamplingParams(n=2, max_tok
 
 def _draws(policy, prompts, *, fused, plan=None, params=PARAMS):
     decoder = functools.partial(decoder_for, fused=fused, plan=plan)
-    out = sample(policy.model, policy.tokenizer, prompts, params, eos_token_ids=policy.prompts.eos_token_ids, decoder=decoder)
+    out = sample(
+        policy.model,
+        policy.tokenizer,
+        prompts,
+        params,
+        eos_token_ids=policy.prompts.eos_token_ids,
+        decoder=decoder,
+    )
     return [c for per_prompt in out for c in per_prompt]
 
 
@@ -66,7 +75,9 @@ def test_fused_decode_on_folded_weights_matches_transformers_forward(model_dir):
     _assert_same(fused, plain)
     # and the policy's own sampling takes that path with the same result
     policy.generator.manual_seed(0)
-    assert [c.token_ids for per in policy.generate(prompts, PARAMS) for c in per] == [c.token_ids for c in fused]
+    assert [c.token_ids for per in policy.generate(prompts, PARAMS) for c in per] == [
+        c.token_ids for c in fused
+    ]
 
 
 def test_both_matmul_forms_decode_the_same(model_dir):
@@ -82,7 +93,9 @@ def test_both_matmul_forms_decode_the_same(model_dir):
 
 
 def test_active_lora_layers_are_called_as_the_modules_they_are(model_dir):
-    policy = _policy(model_dir, fast=FastPaths(fold_lora=False))  # peft's LoRA layers stay active while sampling
+    policy = _policy(
+        model_dir, fast=FastPaths(fold_lora=False)
+    )  # peft's LoRA layers stay active while sampling
     prompts = _prompts(policy)
     blocks = _blocks_of(policy.model)
     assert all(b.qkv.fused is None and all(p.module is not None for p in b.qkv.parts) for b in blocks)
@@ -95,7 +108,10 @@ def test_unpadded_batch_and_base_weights_match_too(model_dir):
     params = [SamplingParams(n=2, max_tokens=8, seed=3), SamplingParams(n=2, max_tokens=12, seed=4)]
     with policy.model.disable_adapter():  # the plain base model: separate weights, no fusion
         assert _blocks_of(policy.model)[0].qkv.fused is None
-        _assert_same(_draws(policy, prompt, fused=True, params=params), _draws(policy, prompt, fused=False, params=params))
+        _assert_same(
+            _draws(policy, prompt, fused=True, params=params),
+            _draws(policy, prompt, fused=False, params=params),
+        )
 
 
 def test_sliding_window_models_and_fused_false_use_transformers_forward(tmp_path):
@@ -103,7 +119,10 @@ def test_sliding_window_models_and_fused_false_use_transformers_forward(tmp_path
 
     sliding = build_tiny_model_dir(tmp_path / "sliding", architecture="qwen2")
     model = AutoModelForCausalLM.from_pretrained(
-        sliding, use_sliding_window=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+        sliding,
+        use_sliding_window=True,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
     )
     model.eval()
     assert "sliding_attention" in model.config.layer_types
@@ -124,7 +143,9 @@ def test_a_step_past_the_cache_capacity_is_a_clear_error(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model_dir(tmp_path)).eval()
     ids = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
-        decode = decoder_for(model, model(input_ids=ids, use_cache=True).past_key_values, torch.ones_like(ids), 4)
+        decode = decoder_for(
+            model, model(input_ids=ids, use_cache=True).past_key_values, torch.ones_like(ids), 4
+        )
         decode.step(torch.tensor([8]), torch.tensor([3]))
         with pytest.raises(RuntimeError, match="capacity"):
             decode.step(torch.tensor([9]), torch.tensor([4]))
@@ -152,7 +173,12 @@ def test_the_plan_times_both_forms_then_keeps_the_clearly_faster():
 
 @pytest.mark.parametrize(
     "fast,blocks_timed,head_timed",
-    [("on", False, False), ("timed", False, True), ("off", False, False), (FastPaths(timed_head=True, timed_blocks=True), True, True)],
+    [
+        ("on", False, False),
+        ("timed", False, True),
+        ("off", False, False),
+        (FastPaths(timed_head=True, timed_blocks=True), True, True),
+    ],
     ids=["on", "timed", "off", "timed-blocks"],
 )
 def test_each_fast_setting_times_only_what_it_says(model_dir, fast, blocks_timed, head_timed):
@@ -161,10 +187,16 @@ def test_each_fast_setting_times_only_what_it_says(model_dir, fast, blocks_timed
     policy.generate(_prompts(policy), PARAMS)
     assert policy.model.get_output_embeddings() is head  # swapped back after sampling, if swapped at all
     assert (policy.sampler.fast.plan is not None and bool(policy.sampler.fast.plan._seconds)) is blocks_timed
-    assert (policy.sampler.fast.head is not None and policy.sampler.fast.head._plan is not None and bool(policy.sampler.fast.head._plan._transposed)) is head_timed
+    assert (
+        policy.sampler.fast.head is not None
+        and policy.sampler.fast.head._plan is not None
+        and bool(policy.sampler.fast.head._plan._transposed)
+    ) is head_timed
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"]
+)
 def test_greedy_steps_give_transformers_logprobs_in_each_dtype(model_dir, dtype, tol):
     from transformers import AutoModelForCausalLM
 

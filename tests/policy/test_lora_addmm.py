@@ -47,7 +47,9 @@ def test_outputs_and_adapter_gradients_match_peft(peaked_model_dir):
         fused_logits, fused_grads = _forward_backward(model, ids)
     assert counted.calls == 7 * 2  # every LoRA layer of the 2 blocks took the addmm path
     assert torch.allclose(fused_logits, logits, atol=1e-5)
-    assert sorted(fused_grads) == sorted(grads) and len(grads) == 2 * 7 * 2  # A and B of 7 targets in 2 blocks
+    assert (
+        sorted(fused_grads) == sorted(grads) and len(grads) == 2 * 7 * 2
+    )  # A and B of 7 targets in 2 blocks
     for name, g in grads.items():
         assert torch.allclose(fused_grads[name], g, atol=1e-5, rtol=1e-4), name
     assert all("forward" not in vars(m) for m in model.modules())  # peft's forward is back

@@ -27,7 +27,14 @@ def _params(seed: int) -> list[SamplingParams]:
 
 
 def _through_peft_layers(policy, prompt, seed):
-    return sample(policy.model, policy.tokenizer, [prompt], _params(seed), eos_token_ids=policy.prompts.eos_token_ids, decoder=decoder_for)[0]
+    return sample(
+        policy.model,
+        policy.tokenizer,
+        [prompt],
+        _params(seed),
+        eos_token_ids=policy.prompts.eos_token_ids,
+        decoder=decoder_for,
+    )[0]
 
 
 def _assert_same_draws(merged, unmerged) -> None:
@@ -68,10 +75,15 @@ def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_s
 
     after = policy.generate([prompt], _params(3))[0]
     _assert_same_draws(after, _through_peft_layers(policy, prompt, 3))
-    layer, folded = policy.sampler.fast.merged.layers[0], policy.sampler.fast.merged._buffers[0]  # sampling ran on W + s B A
+    layer, folded = (
+        policy.sampler.fast.merged.layers[0],
+        policy.sampler.fast.merged._buffers[0],
+    )  # sampling ran on W + s B A
     a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     assert torch.allclose(folded, layer.base_layer.weight + layer.scaling["default"] * b @ a, atol=1e-6)
-    assert after[0].logprobs[0] < before[0].logprobs[0] - 1e-3  # the step lowered that token, and sampling saw it
+    assert (
+        after[0].logprobs[0] < before[0].logprobs[0] - 1e-3
+    )  # the step lowered that token, and sampling saw it
 
     # the frozen base weights are bit for bit what they were, and the adapter still trains
     for n, p in policy.model.named_parameters():
@@ -82,7 +94,9 @@ def test_folded_sampling_matches_the_lora_layers_before_and_after_an_optimizer_s
 
 def test_folding_can_be_switched_off_and_then_samples_through_peft(tiny_model_dir):
     torch.manual_seed(0)
-    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, fast=FastPaths(fold_lora=False))
+    policy = TransformersPolicy(
+        str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, fast=FastPaths(fold_lora=False)
+    )
     _randomize_lora_b(policy.model, seed=1)
     prompt = policy.prompts.render([{"role": "user", "content": "name a colour"}], None)
     assert policy.sampler.fast.merged is None

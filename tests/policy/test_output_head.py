@@ -18,7 +18,9 @@ def test_both_matmul_forms_give_the_linear_layers_output_for_every_row_count():
         xr = torch.randn(rows, 1, 24)
         assert torch.allclose(PlannedLinear(linear, plan)(xr), linear(xr), atol=1e-5)
     assert torch.allclose(PlannedLinear(linear, plan)(x), linear(x), atol=1e-5)
-    assert plan.transposed(1) is False and plan.transposed(40) is False  # a vector product and a prefill keep x W^T
+    assert (
+        plan.transposed(1) is False and plan.transposed(40) is False
+    )  # a vector product and a prefill keep x W^T
 
 
 def test_a_timed_plan_decides_once_per_row_count():
@@ -29,7 +31,9 @@ def test_a_timed_plan_decides_once_per_row_count():
 
 
 def test_weights_off_the_cpu_are_never_timed():
-    plan = HeadPlan(torch.empty(4096, 64, device="meta"))  # host timers cannot measure asynchronous GPU kernels
+    plan = HeadPlan(
+        torch.empty(4096, 64, device="meta")
+    )  # host timers cannot measure asynchronous GPU kernels
     assert [plan.transposed(r) for r in range(2, 9)] == [False] * 7
     assert plan._transposed == {}
 

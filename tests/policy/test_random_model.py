@@ -16,7 +16,13 @@ from grooves.policy.transformers import TransformersPolicy
 
 @pytest.fixture(scope="module")
 def random_qwen(tiny_model_dir, tmp_path_factory):
-    return build("qwen2.5-1.5b", tiny_model_dir, tmp_path_factory.mktemp("random") / "qwen", dtype="float32", num_layers=2)
+    return build(
+        "qwen2.5-1.5b",
+        tiny_model_dir,
+        tmp_path_factory.mktemp("random") / "qwen",
+        dtype="float32",
+        num_layers=2,
+    )
 
 
 def test_the_architecture_is_the_shapes_and_the_vocabulary_the_tokenizers(random_qwen, tiny_model_dir):
@@ -45,7 +51,11 @@ def test_grooves_samples_and_takes_a_gradient_step_on_it(random_qwen):
     ids = torch.tensor([prompt + completions[0].token_ids])
     loss = policy.model(input_ids=ids).logits[0, -1].logsumexp(-1)
     loss.backward()
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in policy.model.named_parameters() if "lora_B" in n)
+    assert any(
+        p.grad is not None and p.grad.abs().sum() > 0
+        for n, p in policy.model.named_parameters()
+        if "lora_B" in n
+    )
 
 
 def test_an_unknown_shape_or_a_missing_tokenizer_is_a_clear_error(tmp_path, tiny_model_dir):

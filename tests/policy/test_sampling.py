@@ -21,7 +21,9 @@ def _ids(tok, text):
 
 def _run(model, tok, prompts, params, eos=None, seed=0):
     eos = {tok.eos_token_id} if eos is None else eos
-    return sample(model, tok, prompts, params, eos_token_ids=eos, generator=torch.Generator().manual_seed(seed))
+    return sample(
+        model, tok, prompts, params, eos_token_ids=eos, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def _forward_logprobs(model, prompt, tokens, temperature):
@@ -33,9 +35,16 @@ def _forward_logprobs(model, prompt, tokens, temperature):
 
 def test_mixed_lengths_and_temperatures_match_a_forward_pass(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    prompts = [_ids(tok, "hi"), _ids(tok, "The quick brown fox jumps over the lazy dog."), _ids(tok, "0 1 2 3")]
-    params = [SamplingParams(n=4, max_tokens=18, temperature=0.6), SamplingParams(n=1, max_tokens=7, temperature=1.7),
-              SamplingParams(n=3, max_tokens=25, temperature=1.0)]
+    prompts = [
+        _ids(tok, "hi"),
+        _ids(tok, "The quick brown fox jumps over the lazy dog."),
+        _ids(tok, "0 1 2 3"),
+    ]
+    params = [
+        SamplingParams(n=4, max_tokens=18, temperature=0.6),
+        SamplingParams(n=1, max_tokens=7, temperature=1.7),
+        SamplingParams(n=3, max_tokens=25, temperature=1.0),
+    ]
     results = _run(model, tok, prompts, params)
     assert [len(r) for r in results] == [4, 1, 3]
     for prompt, p, completions in zip(prompts, params, results, strict=True):
@@ -50,8 +59,12 @@ def test_batching_with_longer_prompts_does_not_change_greedy_output(model_and_to
     short = _ids(tok, "yes")
     greedy = SamplingParams(max_tokens=20, temperature=0.0)
     alone = _run(model, tok, [short], [greedy])[0][0]
-    batched = _run(model, tok, [_ids(tok, "You are a helpful assistant. Answer the question."), short],
-                   [SamplingParams(n=5, max_tokens=3), greedy])[1][0]
+    batched = _run(
+        model,
+        tok,
+        [_ids(tok, "You are a helpful assistant. Answer the question."), short],
+        [SamplingParams(n=5, max_tokens=3), greedy],
+    )[1][0]
     assert batched.token_ids == alone.token_ids
     _, logits = _forward_logprobs(model, short, alone.token_ids, 1.0)
     assert logits.argmax(-1).tolist() == alone.token_ids
@@ -59,7 +72,9 @@ def test_batching_with_longer_prompts_does_not_change_greedy_output(model_and_to
 
 def test_max_tokens_ends_with_length(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    c = _run(model, tok, [_ids(tok, "hello")], [SamplingParams(max_tokens=5, temperature=0.0)], eos=set())[0][0]
+    c = _run(model, tok, [_ids(tok, "hello")], [SamplingParams(max_tokens=5, temperature=0.0)], eos=set())[0][
+        0
+    ]
     assert len(c.token_ids) == 5
     assert c.finish_reason == "length"
 
@@ -82,7 +97,9 @@ def test_stop_string_ends_the_row_and_is_cut_from_text(model_and_tokenizer):
     free = _run(model, tok, [prompt], [SamplingParams(max_tokens=20, temperature=0.0)], eos=set())[0][0]
     k = next(i for i in range(4, 20) if tok.decode(free.token_ids[i - 1 : i]).strip())
     stop = tok.decode(free.token_ids[k - 1 : k])  # the text of the k-th greedy token
-    c = _run(model, tok, [prompt], [SamplingParams(max_tokens=20, temperature=0.0, stop=[stop])], eos=set())[0][0]
+    c = _run(model, tok, [prompt], [SamplingParams(max_tokens=20, temperature=0.0, stop=[stop])], eos=set())[
+        0
+    ][0]
     full_text = tok.decode(free.token_ids)
     assert c.finish_reason == "stop"
     assert c.text == full_text[: full_text.find(stop)]
@@ -92,7 +109,9 @@ def test_stop_string_ends_the_row_and_is_cut_from_text(model_and_tokenizer):
 def test_tiny_top_p_samples_the_argmax_but_reports_full_distribution_logprobs(model_and_tokenizer):
     model, tok = model_and_tokenizer
     prompt = _ids(tok, "title")
-    c = _run(model, tok, [prompt], [SamplingParams(n=3, max_tokens=10, temperature=1.3, top_p=1e-6)], eos=set())[0]
+    c = _run(
+        model, tok, [prompt], [SamplingParams(n=3, max_tokens=10, temperature=1.3, top_p=1e-6)], eos=set()
+    )[0]
     greedy = _run(model, tok, [prompt], [SamplingParams(max_tokens=10, temperature=0.0)], eos=set())[0][0]
     for row in c:
         assert row.token_ids == greedy.token_ids

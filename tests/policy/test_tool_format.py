@@ -16,9 +16,15 @@ from tiny_models import build_tiny_tokenizer
 
 WEATHER = {
     "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 def _calls(parsed):
@@ -70,7 +76,9 @@ def test_without_tools_nothing_is_parsed():
 
 
 def test_string_arguments_pass_through_unchanged():
-    parsed = parse_tool_calls('<tool_call>[{"name": "get_weather", "arguments": "{\\"city\\": \\"Lima\\"}"}]</tool_call>', [WEATHER])
+    parsed = parse_tool_calls(
+        '<tool_call>[{"name": "get_weather", "arguments": "{\\"city\\": \\"Lima\\"}"}]</tool_call>', [WEATHER]
+    )
     assert parsed.tool_calls[0]["function"]["arguments"] == '{"city": "Lima"}'
 
 
@@ -82,28 +90,50 @@ def test_smollm2_puts_tools_in_a_new_system_message():
     system = out[0]["content"]
     assert system.startswith("You are an expert in composing functions.")
     assert "<tools>" + json.dumps([WEATHER["function"]]) + "</tools>" in system
-    assert system.endswith('<tool_call>[{"name": "func_name1", "arguments": {"argument1": "value1"}}]</tool_call>')
+    assert system.endswith(
+        '<tool_call>[{"name": "func_name1", "arguments": {"argument1": "value1"}}]</tool_call>'
+    )
 
 
 def test_smollm2_appends_tools_to_an_existing_system_message_and_renders_calls():
     messages = [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "weather "}, {"type": "text", "text": "in Paris?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        ]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "weather "}, {"type": "text", "text": "in Paris?"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     out, _ = SmolLM2ToolFormat().template_messages(messages, [WEATHER])
     assert out[0]["content"].startswith("Be brief.\n\nYou are an expert in composing functions.")
     assert out[1] == {"role": "user", "content": "weather in Paris?"}
-    assert out[2] == {"role": "assistant", "content": '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'}
+    assert out[2] == {
+        "role": "assistant",
+        "content": '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>',
+    }
     assert out[3] == {"role": "tool", "content": "sunny"}
 
 
 def test_smollm2_rendered_call_parses_back_to_the_same_call():
-    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Kyiv"}'}}
-    out, _ = SmolLM2ToolFormat().template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}], None)
+    call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Kyiv"}'},
+    }
+    out, _ = SmolLM2ToolFormat().template_messages(
+        [{"role": "assistant", "content": "", "tool_calls": [call]}], None
+    )
     parsed = SmolLM2ToolFormat().parse(out[0]["content"], [WEATHER])
     assert _calls(parsed) == [("get_weather", {"city": "Kyiv"})]
 
@@ -117,13 +147,25 @@ def test_smollm2_format_through_the_chat_template():
 
 
 def test_template_format_hands_tools_to_the_template_with_decoded_arguments():
-    messages = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    ]}]
+    messages = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        }
+    ]
     out, tools = TemplateToolFormat().template_messages(messages, [WEATHER])
     assert tools == [WEATHER]
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
-    assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # input left untouched
+    assert (
+        messages[0]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    )  # input left untouched
 
 
 def test_choosing_a_format():
@@ -131,5 +173,7 @@ def test_choosing_a_format():
     assert isinstance(tool_format_for("smollm2", "{% if tools %}{% endif %}"), SmolLM2ToolFormat)
     assert isinstance(tool_format_for(None, "{% for tool in tools %}{% endfor %}"), TemplateToolFormat)
     assert isinstance(tool_format_for(None, build_tiny_tokenizer().chat_template), SmolLM2ToolFormat)
-    with pytest.raises(ValueError, match=r"tool_format 'hermes' is unknown; choose one of \['smollm2', 'template'\]"):
+    with pytest.raises(
+        ValueError, match=r"tool_format 'hermes' is unknown; choose one of \['smollm2', 'template'\]"
+    ):
         tool_format_for("hermes", None)

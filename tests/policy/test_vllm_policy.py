@@ -77,9 +77,17 @@ def test_sampling_params_map_to_vllm_arguments():
         SamplingParams(n=8, max_tokens=32, temperature=0.7, top_p=0.9, stop=["\n\n"], seed=5), {2, 0}
     )
     assert kwargs == {
-        "n": 8, "max_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 5,
-        "stop": ["\n\n"], "stop_token_ids": [0, 2], "logprobs": 0, "skip_special_tokens": True,
-    }  # fmt: skip
+        "n": 8,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "seed": 5,
+        "stop": ["\n\n"],
+        "stop_token_ids": [0, 2],
+        "logprobs": 0,
+        "skip_special_tokens": True,
+    }
     assert vllm_sampling_kwargs(SamplingParams(), {2})["stop"] is None
 
 
@@ -90,12 +98,21 @@ def _logprob(value):
 def test_a_vllm_completion_becomes_ids_logprobs_text():
     # the shape vLLM returns: per position, a dict from token id to Logprob (the sampled one included)
     output = SimpleNamespace(
-        token_ids=[17, 4, 2], text="Paris", finish_reason="stop",
+        token_ids=[17, 4, 2],
+        text="Paris",
+        finish_reason="stop",
         logprobs=[{17: _logprob(-0.5)}, {4: _logprob(-1.25), 9: _logprob(-0.1)}, {2: _logprob(-0.01)}],
-    )  # fmt: skip
+    )
     c = completion_from_vllm(output)
-    assert (c.token_ids, c.logprobs, c.text, c.finish_reason) == ([17, 4, 2], [-0.5, -1.25, -0.01], "Paris", "stop")
-    truncated = SimpleNamespace(token_ids=[5], text="x", finish_reason="length", logprobs=[{5: _logprob(-2.0)}])
+    assert (c.token_ids, c.logprobs, c.text, c.finish_reason) == (
+        [17, 4, 2],
+        [-0.5, -1.25, -0.01],
+        "Paris",
+        "stop",
+    )
+    truncated = SimpleNamespace(
+        token_ids=[5], text="x", finish_reason="length", logprobs=[{5: _logprob(-2.0)}]
+    )
     assert completion_from_vllm(truncated).finish_reason == "length"
     with pytest.raises(RuntimeError, match="logprobs=0"):
         completion_from_vllm(SimpleNamespace(token_ids=[5], text="x", finish_reason="stop", logprobs=None))
@@ -122,9 +139,16 @@ def _gpu_policy(model_dir, tmp_path):
     from grooves.policy.vllm import VLLMPolicy
 
     return VLLMPolicy(
-        str(model_dir), lora=LoraConfig(rank=4, alpha=8), dtype="float32", device="cuda", seed=0,
-        served_name="tiny", gpu_memory_utilization=0.2, enforce_eager=True, adapter_dir=tmp_path / "adapters",
-    )  # fmt: skip
+        str(model_dir),
+        lora=LoraConfig(rank=4, alpha=8),
+        dtype="float32",
+        device="cuda",
+        seed=0,
+        served_name="tiny",
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        adapter_dir=tmp_path / "adapters",
+    )
 
 
 def _forward_logprobs(model, prompt, tokens):

@@ -38,7 +38,9 @@ def run_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("run")
     (path / "config.toml").write_text(CONFIG)
     watch = Watch(WatchConfig(cooldown_steps=5, echo=False), run_dir=path)
-    steps = synthetic_run(3, RunShape(steps=40, groups=6, group_size=4, val_every=5, hack="collapse", hack_step=20))
+    steps = synthetic_run(
+        3, RunShape(steps=40, groups=6, group_size=4, val_every=5, hack="collapse", hack_step=20)
+    )
     with (path / "metrics.jsonl").open("w") as f:
         for s in steps:
             if s.step == 0:
@@ -79,11 +81,15 @@ def test_rewatch_reproduces_the_recorded_findings(run_dir):
 
 def test_rewatch_flag_and_out_path(run_dir, tmp_path):
     out = tmp_path / "elsewhere" / "r.html"
-    result = CliRunner().invoke(app, ["report", str(run_dir), "--rewatch", "--out", str(out), "--sample-steps", "2"])
+    result = CliRunner().invoke(
+        app, ["report", str(run_dir), "--rewatch", "--out", str(out), "--sample-steps", "2"]
+    )
     assert result.exit_code == 0, result.output
     page = out.read_text()
     assert page.count('class="sample-step"') == 2
-    assert "inspect/step_000010.html" in page and "../" in page  # links still reach the run's inspection pages
+    assert (
+        "inspect/step_000010.html" in page and "../" in page
+    )  # links still reach the run's inspection pages
 
 
 def test_not_a_run_directory(tmp_path):
@@ -111,8 +117,10 @@ def test_a_run_with_only_metrics_still_reports(tmp_path):
 
 
 def test_choose_sample_steps():
-    findings = [Finding(step=23, detector="collapse", severity="critical", message="m"),
-                Finding(step=5, detector="input_independence", severity="info", message="m")]
+    findings = [
+        Finding(step=23, detector="collapse", severity="critical", message="m"),
+        Finding(step=5, detector="input_independence", severity="info", message="m"),
+    ]
     assert choose_sample_steps([0, 10, 20, 30, 40], findings, limit=6) == [0, 30, 40]
     assert choose_sample_steps([0, 10, 20, 30, 40], findings, limit=2) == [0, 40]
     assert choose_sample_steps([], findings, limit=6) == []
@@ -120,8 +128,14 @@ def test_choose_sample_steps():
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -141,7 +155,7 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert dom.count('class="finding"') == len(findings)
     assert f'data-step="{findings[0].step}"' in dom and "collapse" in dom
     assert dom.count("data:image/png;base64,") >= 4
-    assert "&lt;img src=x" in dom and "<img src=\"x\"" not in dom  # the model's markup stayed text
+    assert "&lt;img src=x" in dom and '<img src="x"' not in dom  # the model's markup stayed text
 
     shot = tmp_path / "shot.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,3000", "--hide-scrollbars", page.as_uri())

@@ -28,7 +28,9 @@ from scripted_judge import ScriptedServer, group_reply, make_client, shown_respo
 
 
 def traj(answer: str, question: str = "Summarize: the cat sat on the mat.") -> Trajectory:
-    return Trajectory(messages=[{"role": "user", "content": question}, {"role": "assistant", "content": answer}])
+    return Trajectory(
+        messages=[{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    )
 
 
 def length_ok(t: Trajectory, scenario: dict) -> float:
@@ -44,11 +46,17 @@ def run(coro):
 
 
 def test_weighted_code_signals_are_logged_separately():
-    group = TrajectoryGroup(trajectories=[traj("A cat sat."), traj("It was a dog on a rug, long ago there."),
-                                          traj("The mat.")])
-    stats = run(Composite([code("short", length_ok, 0.25), code("cat", mentions_cat, 0.75)]).score_groups([group]))
-    assert [t.rewards for t in group.trajectories] == [{"short": 1.0, "cat": 1.0}, {"short": 0.0, "cat": 0.0},
-                                                       {"short": 1.0, "cat": 0.0}]
+    group = TrajectoryGroup(
+        trajectories=[traj("A cat sat."), traj("It was a dog on a rug, long ago there."), traj("The mat.")]
+    )
+    stats = run(
+        Composite([code("short", length_ok, 0.25), code("cat", mentions_cat, 0.75)]).score_groups([group])
+    )
+    assert [t.rewards for t in group.trajectories] == [
+        {"short": 1.0, "cat": 1.0},
+        {"short": 0.0, "cat": 0.0},
+        {"short": 1.0, "cat": 0.0},
+    ]
     assert [t.reward for t in group.trajectories] == [1.0, 0.0, 0.25]
     assert stats.signal_means == {"short": pytest.approx(2 / 3), "cat": pytest.approx(1 / 3)}
     assert stats.metrics()["reward_trajectories_gated"] == 0.0
@@ -68,21 +76,31 @@ def test_code_gate_zeroes_exactly_the_outputs_it_rejects():
     assert stats.trajectories_gated == 1
 
 
-SUPPORTED = Rubric(name="supported", version="1", instructions="Only facts from the context.",
-                   criteria=[Criterion(name="supported", text="Is every claim supported?", choices=["no", "yes"])])
+SUPPORTED = Rubric(
+    name="supported",
+    version="1",
+    instructions="Only facts from the context.",
+    criteria=[Criterion(name="supported", text="Is every claim supported?", choices=["no", "yes"])],
+)
 
 
 def supported_judge(body: dict) -> str:
     """A scripted gate judge: an answer is unsupported when it mentions a dog (not in the context)."""
-    response = re.search(r"<response>\n(.*?)\n</response>", body["messages"][1]["content"], re.DOTALL).group(1)
+    response = re.search(r"<response>\n(.*?)\n</response>", body["messages"][1]["content"], re.DOTALL).group(
+        1
+    )
     verdict = "no" if "dog" in response else "yes"
-    return json.dumps({"reason": f"claims {'un' if verdict == 'no' else ''}supported", "criteria": {"supported": verdict}})
+    return json.dumps(
+        {"reason": f"claims {'un' if verdict == 'no' else ''}supported", "criteria": {"supported": verdict}}
+    )
 
 
 def quality_judge(body: dict) -> str:
     """A scripted group judge: longer answers score higher (0.1 per word, at most 1)."""
     shown = shown_responses(body)
-    return group_reply({i: min(1.0, 0.1 * len(t.removeprefix("[assistant] ").split())) for i, t in shown.items()})
+    return group_reply(
+        {i: min(1.0, 0.1 * len(t.removeprefix("[assistant] ").split())) for i, t in shown.items()}
+    )
 
 
 def test_judge_gate_zeroes_exactly_the_unsupported_outputs(tmp_path):
@@ -91,13 +109,18 @@ def test_judge_gate_zeroes_exactly_the_unsupported_outputs(tmp_path):
 
     async def go():
         with ScriptedServer() as server:
-            server.fallback = lambda body: quality_judge(body) if "<response id=" in body["messages"][1]["content"] \
+            server.fallback = lambda body: (
+                quality_judge(body)
+                if "<response id=" in body["messages"][1]["content"]
                 else supported_judge(body)
+            )
             client = make_client(server, tmp_path)
-            reward = Composite([
-                judge("quality", GroupJudge(client), weight=1.0),
-                gate("supported", AbsoluteJudge(client, SUPPORTED), threshold=0.5),
-            ])
+            reward = Composite(
+                [
+                    judge("quality", GroupJudge(client), weight=1.0),
+                    gate("supported", AbsoluteJudge(client, SUPPORTED), threshold=0.5),
+                ]
+            )
             stats = await reward.score_groups([group])
             await client.aclose()
             return stats, len(server.requests)
@@ -163,7 +186,9 @@ def test_async_code_rewards_are_awaited():
 
 def test_reward_model_signal_matches_its_predictions():
     rm = train_reward_model(synthetic(200, 0), HashedNgramEncoder(dim=1024), RidgeHead())
-    group = TrajectoryGroup(trajectories=[traj("clear correct precise", "Explain w1."), traj("wrong vague rude", "Explain w1.")])
+    group = TrajectoryGroup(
+        trajectories=[traj("clear correct precise", "Explain w1."), traj("wrong vague rude", "Explain w1.")]
+    )
     run(Composite([model("rm", rm, 1.0)]).score_groups([group]))
     expected = rm.predict([("Explain w1.", "clear correct precise"), ("Explain w1.", "wrong vague rude")])
     assert [t.rewards["rm"] for t in group.trajectories] == pytest.approx(expected)

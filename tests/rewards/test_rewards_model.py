@@ -94,8 +94,10 @@ def test_hashed_encoder_is_deterministic_normalized_and_keeps_input_apart():
     assert float(a[0].norm()) == pytest.approx(1.0) and float(a[1].abs().sum()) == 0.0
     swapped = enc.encode([("good answer", "the question")])
     assert not torch.allclose(a[0], swapped[0])
-    assert torch.allclose(HashedNgramEncoder(dim=256, use_input=False).encode([("x y", "z")]),
-                          HashedNgramEncoder(dim=256, use_input=False).encode([("other", "z")]))
+    assert torch.allclose(
+        HashedNgramEncoder(dim=256, use_input=False).encode([("x y", "z")]),
+        HashedNgramEncoder(dim=256, use_input=False).encode([("other", "z")]),
+    )
     with pytest.raises(ValueError, match="dim must be >= 8"):
         HashedNgramEncoder(dim=4)
 
@@ -111,7 +113,9 @@ def test_save_load_round_trip_and_reward_signature(tmp_path, head):
     pairs = [("Explain w3.", "clear correct w5"), ("Explain w4.", "wrong vague w6")]
     assert loaded.predict(pairs) == pytest.approx(model.predict(pairs), abs=1e-6)
     assert loaded.report == model.report
-    traj = Trajectory(messages=[{"role": "user", "content": pairs[0][0]}, {"role": "assistant", "content": pairs[0][1]}])
+    traj = Trajectory(
+        messages=[{"role": "user", "content": pairs[0][0]}, {"role": "assistant", "content": pairs[0][1]}]
+    )
     assert loaded.reward(traj, {}) == pytest.approx(model.predict(pairs[:1])[0], abs=1e-6)
 
 
@@ -126,8 +130,10 @@ def test_load_rejects_a_mismatched_encoder(tmp_path):
 def test_read_examples_takes_judge_score_files_and_names_bad_lines(tmp_path):
     path = tmp_path / "scores.jsonl"
     path.write_text(
-        json.dumps({"id": "a", "input": "q", "output": "x", "score": 0.5, "reason": "ok"}) + "\n"
-        + json.dumps({"id": "b", "input": "q", "output": "y", "score": None, "error": "judge failed"}) + "\n\n"
+        json.dumps({"id": "a", "input": "q", "output": "x", "score": 0.5, "reason": "ok"})
+        + "\n"
+        + json.dumps({"id": "b", "input": "q", "output": "y", "score": None, "error": "judge failed"})
+        + "\n\n"
     )
     assert read_examples(path) == [Example(input="q", output="x", score=0.5)]
     path.write_text(json.dumps({"input": "q", "score": 1.0}) + "\n")
@@ -162,7 +168,16 @@ def test_reward_model_on_a_causal_lms_hidden_states_saves_and_reloads(tiny_model
 
 SENTIMENT_GOOD = ["great", "excellent", "wonderful", "delightful", "superb", "lovely"]
 SENTIMENT_BAD = ["terrible", "awful", "dreadful", "horrible", "disappointing", "boring"]
-SUBJECTS = ["The film", "This book", "The meal", "Our trip", "The concert", "That game", "The hotel", "His talk"]
+SUBJECTS = [
+    "The film",
+    "This book",
+    "The meal",
+    "Our trip",
+    "The concert",
+    "That game",
+    "The hotel",
+    "His talk",
+]
 
 
 def sentiment(n: int, seed: int) -> list[Example]:
@@ -174,7 +189,13 @@ def sentiment(n: int, seed: int) -> list[Example]:
         pos = rng.randint(0, k)
         words = rng.sample(SENTIMENT_GOOD, pos) + rng.sample(SENTIMENT_BAD, k - pos)
         rng.shuffle(words)
-        text = f"{rng.choice(SUBJECTS)} was " + ", ".join(words[:-1]) + (" and " if k > 1 else "") + words[-1] + "."
+        text = (
+            f"{rng.choice(SUBJECTS)} was "
+            + ", ".join(words[:-1])
+            + (" and " if k > 1 else "")
+            + words[-1]
+            + "."
+        )
         out.append(Example(input="Write a one-line review.", output=text, score=pos / k))
     return out
 

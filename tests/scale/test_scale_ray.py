@@ -110,14 +110,26 @@ def test_local_runner_is_the_task_function_itself():
 def _run_config(model_dir, out, runner):
     return parse_config(
         {
-            "name": "toy", "output_dir": str(out), "seed": 1, "steps": 2, "task": "toy_tokens",
+            "name": "toy",
+            "output_dir": str(out),
+            "seed": 1,
+            "steps": 2,
+            "task": "toy_tokens",
             "task_options": {"vocab_size": 487, "num_scenarios": 8},
             "model": {"base_model": str(model_dir)},
-            "rollout": {"group_size": 4, "groups_per_step": 2, "max_tokens": 4, "runner": runner, "ray_workers": 2},
-            "optim": {"lr": 5e-2}, "lora": {"rank": 4, "alpha": 8},
-            "validation": {"every": 0, "scenarios": 2}, "logging": {"progress": False},
+            "rollout": {
+                "group_size": 4,
+                "groups_per_step": 2,
+                "max_tokens": 4,
+                "runner": runner,
+                "ray_workers": 2,
+            },
+            "optim": {"lr": 5e-2},
+            "lora": {"rank": 4, "alpha": 8},
+            "validation": {"every": 0, "scenarios": 2},
+            "logging": {"progress": False},
         }
-    )  # fmt: skip
+    )
 
 
 def test_training_with_the_ray_runner_equals_the_local_run(local_ray, peaked_model_dir, tmp_path):
@@ -126,7 +138,15 @@ def test_training_with_the_ray_runner_equals_the_local_run(local_ray, peaked_mod
     for runner in ("local", "ray"):
         run_dir = train(_run_config(peaked_model_dir, tmp_path / runner, runner))
         rows[runner] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keys = ("step", "reward_mean", "sampled_tokens", "rollouts", "failed_rollouts", "adapter_version", "val/reward_mean")
+    keys = (
+        "step",
+        "reward_mean",
+        "sampled_tokens",
+        "rollouts",
+        "failed_rollouts",
+        "adapter_version",
+        "val/reward_mean",
+    )
     pick = {name: [{k: r.get(k) for k in keys} for r in rs] for name, rs in rows.items()}
     assert pick["ray"] == pick["local"]
     assert [r["step"] for r in rows["ray"]] == [0, 1, 2]  # validation at 0, two training steps

@@ -48,12 +48,17 @@ def test_load_task_errors():
 
 def test_environment_task_trains_with_the_rl_core(tiny_model_dir, tmp_path):
     """`task = "env:support_desk"`: episodes through the policy server, grader parts logged per signal."""
-    config = parse_config({
-        "output_dir": str(tmp_path / "env"), "steps": 1, "task": "env:support_desk",
-        "model": {"base_model": str(tiny_model_dir)},
-        "rollout": {"group_size": 2, "groups_per_step": 1, "max_tokens": 8},
-        "validation": {"every": 0, "scenarios": 1}, "logging": {"progress": False},
-    })  # fmt: skip
+    config = parse_config(
+        {
+            "output_dir": str(tmp_path / "env"),
+            "steps": 1,
+            "task": "env:support_desk",
+            "model": {"base_model": str(tiny_model_dir)},
+            "rollout": {"group_size": 2, "groups_per_step": 1, "max_tokens": 8},
+            "validation": {"every": 0, "scenarios": 1},
+            "logging": {"progress": False},
+        }
+    )
     run_dir = train(config)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     step = rows[-1]

@@ -28,7 +28,9 @@ def trainee(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
@@ -37,14 +39,23 @@ def trainee(tiny_model_dir):
 
 
 def _draws(generator) -> list[float]:
-    return [random.random(), random.gauss(0, 1), float(np.random.rand()), float(np.random.randn()), float(torch.rand(1)), float(torch.rand(1, generator=generator))]
+    return [
+        random.random(),
+        random.gauss(0, 1),
+        float(np.random.rand()),
+        float(np.random.randn()),
+        float(torch.rand(1)),
+        float(torch.rand(1, generator=generator)),
+    ]
 
 
 def test_a_checkpoint_restores_every_rng_and_loads_with_weights_only(trainee, tmp_path):
     model, optimizer, generator = trainee
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     random.gauss(0, 1), np.random.randn()  # leave a cached Gaussian in both, which the state must carry
-    path = save_checkpoint(tmp_path, TrainState(step=7, data_position=28), model, optimizer, generator, "name = 'x'\n", keep=3)
+    path = save_checkpoint(
+        tmp_path, TrainState(step=7, data_position=28), model, optimizer, generator, "name = 'x'\n", keep=3
+    )
     expected = _draws(generator)
     for name in ("rng.pt", "optimizer.pt"):  # plain tensors and containers: no code to run
         torch.load(path / name, weights_only=True)
@@ -64,7 +75,9 @@ class _Payload:
 
 def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_does_not_run(trainee, tmp_path):
     model, optimizer, generator = trainee
-    path = save_checkpoint(tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3)
+    path = save_checkpoint(
+        tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3
+    )
     _Payload.marker = tmp_path / "ran"
     with (path / "optimizer.pt").open("wb") as f:
         pickle.dump({"state": {}, "param_groups": [], "x": _Payload()}, f)
@@ -76,9 +89,16 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_does_not_
 def test_a_checkpoint_of_the_older_format_still_loads(trainee, tmp_path):
     """Before checksums: rng.pt held Python's and numpy's own state objects, state.json had no format."""
     model, optimizer, generator = trainee
-    path = save_checkpoint(tmp_path, TrainState(step=2, data_position=8), model, optimizer, generator, "", keep=3)
+    path = save_checkpoint(
+        tmp_path, TrainState(step=2, data_position=8), model, optimizer, generator, "", keep=3
+    )
     random.seed(4), np.random.seed(4), torch.manual_seed(4)
-    old = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(), "policy": generator.get_state()}
+    old = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "policy": generator.get_state(),
+    }
     torch.save(old, path / "rng.pt")
     (path / "state.json").write_text(json.dumps({"step": 2, "data_position": 8}))
     (path / "manifest.json").unlink()
@@ -91,7 +111,12 @@ def test_a_checkpoint_of_the_older_format_still_loads(trainee, tmp_path):
 
 def _three(trainee, run_dir):
     model, optimizer, generator = trainee
-    return [save_checkpoint(run_dir, TrainState(step=s, data_position=4 * s), model, optimizer, generator, "", keep=5) for s in (1, 2, 3)]
+    return [
+        save_checkpoint(
+            run_dir, TrainState(step=s, data_position=4 * s), model, optimizer, generator, "", keep=5
+        )
+        for s in (1, 2, 3)
+    ]
 
 
 def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(trainee, tmp_path):
@@ -113,25 +138,43 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(trainee,
     optim.write_bytes(bytes(data))
     said.clear()
     assert latest_checkpoint(tmp_path, warn=said.append) == one
-    assert len(said) == 2 and "optimizer.pt does not match its sha256" in said[1] and said[1].startswith(f"checkpoint {two} ")
+    assert (
+        len(said) == 2
+        and "optimizer.pt does not match its sha256" in said[1]
+        and said[1].startswith(f"checkpoint {two} ")
+    )
 
     (one / "manifest.json").unlink()  # a checkpoint of this format without its manifest was never finished
     with pytest.raises(CheckpointError) as info:
         latest_checkpoint(tmp_path)
     message = str(info.value)
-    assert "step_000001: manifest.json is missing" in message and "step_000003: adapter" in message and "\n" not in message
+    assert (
+        "step_000001: manifest.json is missing" in message
+        and "step_000003: adapter" in message
+        and "\n" not in message
+    )
 
 
-@pytest.mark.parametrize("lora", [{"r": 4, "target_modules": ["q_proj"]}, {"r": 2, "target_modules": ["q_proj", "v_proj"]}])
+@pytest.mark.parametrize(
+    "lora", [{"r": 4, "target_modules": ["q_proj"]}, {"r": 2, "target_modules": ["q_proj", "v_proj"]}]
+)
 def test_resuming_with_other_lora_settings_is_one_line(trainee, tiny_model_dir, tmp_path, lora):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model, optimizer, generator = trainee
-    path = save_checkpoint(tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3)
+    path = save_checkpoint(
+        tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3
+    )
     other = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(**lora))
     with pytest.raises(CheckpointError) as info:
-        load_checkpoint(path, other, torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]), generator)
+        load_checkpoint(
+            path, other, torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]), generator
+        )
     message = str(info.value)
     assert message.startswith(f"{path}: the adapter") and "\n" not in message
-    assert ("lora.rank" in message) if lora["r"] == 4 else ("lora.target_modules" in message and "v_proj" in message)
+    assert (
+        ("lora.rank" in message)
+        if lora["r"] == 4
+        else ("lora.target_modules" in message and "v_proj" in message)
+    )

@@ -20,7 +20,10 @@ class ListTask:
 
     def __init__(self, name: str, n_train: int, n_val: int = 3):
         self.name = name
-        self._splits = {"train": [{"i": i} for i in range(n_train)], "validation": [{"v": i} for i in range(n_val)]}
+        self._splits = {
+            "train": [{"i": i} for i in range(n_train)],
+            "validation": [{"v": i} for i in range(n_val)],
+        }
 
     def scenarios(self, split):
         return self._splits[split]
@@ -69,15 +72,19 @@ def test_stream_resumes_from_its_position(cut):
 
 
 def test_validation_interleaves_tasks():
-    mixture = TaskMixture([WeightedTask("a", ListTask("a", 4, n_val=3), 1.0), WeightedTask("b", ListTask("b", 4, n_val=1), 9.0)])
+    mixture = TaskMixture(
+        [WeightedTask("a", ListTask("a", 4, n_val=3), 1.0), WeightedTask("b", ListTask("b", 4, n_val=1), 9.0)]
+    )
     val = mixture.scenarios("validation")
     assert [s[TASK_KEY] for s in val] == ["a", "b", "a", "a"]
     assert [s[TASK_KEY] for s in val[:2]] == ["a", "b"]  # a short validation still sees every task
 
 
 def test_rollout_goes_to_the_scenarios_task():
-    mixture = TaskMixture([WeightedTask("a", ListTask("a", 3), 1.0), WeightedTask("bb", ListTask("bb", 3), 1.0)])
-    (_, scenario), = [(i, s) for i, s in MixtureStream(mixture, seed=0).take(8) if s[TASK_KEY] == "bb"][:1]
+    mixture = TaskMixture(
+        [WeightedTask("a", ListTask("a", 3), 1.0), WeightedTask("bb", ListTask("bb", 3), 1.0)]
+    )
+    ((_, scenario),) = [(i, s) for i, s in MixtureStream(mixture, seed=0).take(8) if s[TASK_KEY] == "bb"][:1]
     traj = asyncio.run(mixture.rollout(None, scenario))
     assert traj.reward == 2.0 and traj.metadata["task"] == "bb"
     assert traj.metadata["seen"] == {"i": scenario["i"]}  # the member sees its own scenario, untagged
@@ -98,20 +105,38 @@ def test_config_errors_name_the_problem():
 
 def test_multitask_run_logs_per_task_metrics_and_resumes(tiny_model_dir, tmp_path):
     def config(out):
-        return parse_config({
-            "name": "mix", "output_dir": str(out), "seed": 2, "steps": 3,
-            "tasks": [
-                {"task": "toy_tokens", "name": "quarter", "weight": 0.7, "options": {"vocab_size": 487, "num_scenarios": 8}},
-                {"task": "toy_tokens", "name": "half", "weight": 0.3, "options": {"vocab_size": 487, "vocab_fraction": 0.5, "num_scenarios": 8}},
-            ],
-            "model": {"base_model": str(tiny_model_dir)},
-            "rollout": {"group_size": 2, "groups_per_step": 4, "max_tokens": 3},
-            "lora": {"rank": 2, "alpha": 4},
-            "validation": {"every": 0, "scenarios": 4},
-            "logging": {"progress": False},
-        })  # fmt: skip
+        return parse_config(
+            {
+                "name": "mix",
+                "output_dir": str(out),
+                "seed": 2,
+                "steps": 3,
+                "tasks": [
+                    {
+                        "task": "toy_tokens",
+                        "name": "quarter",
+                        "weight": 0.7,
+                        "options": {"vocab_size": 487, "num_scenarios": 8},
+                    },
+                    {
+                        "task": "toy_tokens",
+                        "name": "half",
+                        "weight": 0.3,
+                        "options": {"vocab_size": 487, "vocab_fraction": 0.5, "num_scenarios": 8},
+                    },
+                ],
+                "model": {"base_model": str(tiny_model_dir)},
+                "rollout": {"group_size": 2, "groups_per_step": 4, "max_tokens": 3},
+                "lora": {"rank": 2, "alpha": 4},
+                "validation": {"every": 0, "scenarios": 4},
+                "logging": {"progress": False},
+            }
+        )
 
-    rows = [json.loads(line) for line in (train(config(tmp_path / "full")) / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (train(config(tmp_path / "full")) / "metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in rows if "loss" in r]
     for r in steps:
         counts = [r.get(f"task/{n}/groups", 0.0) for n in ("quarter", "half")]
@@ -126,6 +151,11 @@ def test_multitask_run_logs_per_task_metrics_and_resumes(tiny_model_dir, tmp_pat
 
     part = tmp_path / "part"
     train(config(part), stop_after=1)
-    resumed = [json.loads(line) for line in (train(config(part), resume=True) / "metrics.jsonl").read_text().splitlines()]
+    resumed = [
+        json.loads(line)
+        for line in (train(config(part), resume=True) / "metrics.jsonl").read_text().splitlines()
+    ]
     for a, b in zip(rows, resumed, strict=True):
-        assert {k: v for k, v in a.items() if k.startswith("task/")} == {k: v for k, v in b.items() if k.startswith("task/")}
+        assert {k: v for k, v in a.items() if k.startswith("task/")} == {
+            k: v for k, v in b.items() if k.startswith("task/")
+        }

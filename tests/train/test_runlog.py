@@ -40,10 +40,17 @@ def test_a_locked_run_folder_is_refused_and_a_killed_holder_leaves_no_lock(tmp_p
     from grooves.train.runlog import RunFolderError, lock_run_dir
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pathlib import Path\nfrom grooves.train.runlog import lock_run_dir\n"
-         f"with lock_run_dir(Path({str(tmp_path)!r})):\n    print('locked', flush=True)\n    input()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"from pathlib import Path\nfrom grooves.train.runlog import lock_run_dir\n"
+            f"with lock_run_dir(Path({str(tmp_path)!r})):\n    print('locked', flush=True)\n    input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(RunFolderError) as info:
@@ -81,8 +88,17 @@ def test_a_folder_with_checkpoints_needs_resume_or_overwrite(tmp_path):
     with pytest.raises(RunFolderError, match="pass one of them"):
         check_run_dir(tmp_path, resume=True, overwrite=True)
 
-    for name in ("samples/step_000001.jsonl", "inspect/step_000001.html", "metrics.jsonl", "findings.jsonl", "watch.jsonl", "notes.txt"):
+    for name in (
+        "samples/step_000001.jsonl",
+        "inspect/step_000001.html",
+        "metrics.jsonl",
+        "findings.jsonl",
+        "watch.jsonl",
+        "notes.txt",
+    ):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("x")
     clear_run_outputs(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # what the run wrote is gone, nothing else
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.txt"
+    ]  # what the run wrote is gone, nothing else

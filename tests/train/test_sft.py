@@ -43,7 +43,13 @@ def test_mask_is_exact_position_by_position(tok, prompts):
     seq = chat_to_sequence(prompts, CHAT)
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     pieces = [  # (ids, trained?) written out by hand from SmolLM2's template
-        (_enc(tok, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"), False),
+        (
+            _enc(
+                tok,
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+            ),
+            False,
+        ),
         (_enc(tok, "yes no") + [eot], True),
         (_enc(tok, "\n<|im_start|>user\ntitle<|im_end|>\n<|im_start|>assistant\n"), False),
         (_enc(tok, "story 7") + [eot], True),
@@ -51,7 +57,9 @@ def test_mask_is_exact_position_by_position(tok, prompts):
     want_ids = [i for ids, _ in pieces for i in ids]
     want_mask = [m for ids, m in pieces for _ in ids]
     assert len(seq.input_ids) == len(want_ids)
-    for pos, (got_id, got_m, id_, m) in enumerate(zip(seq.input_ids, seq.sampled_mask, want_ids, want_mask, strict=True)):
+    for pos, (got_id, got_m, id_, m) in enumerate(
+        zip(seq.input_ids, seq.sampled_mask, want_ids, want_mask, strict=True)
+    ):
         assert (got_id, got_m) == (id_, m), f"position {pos}: {tok.decode([got_id])!r}"
     trained = [i for i, m in zip(seq.input_ids, seq.sampled_mask, strict=True) if m]
     assert tok.decode(trained) == "yes no<|im_end|>story 7<|im_end|>"
@@ -60,8 +68,13 @@ def test_mask_is_exact_position_by_position(tok, prompts):
 
 
 def test_tool_calls_are_trained_as_the_model_writes_them(tok, prompts):
-    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
-    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": 1}'}}
     chat = [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -70,7 +83,10 @@ def test_tool_calls_are_trained_as_the_model_writes_them(tok, prompts):
     ]
     seq = chat_to_sequence(prompts, chat, tools)
     trained = [i for i, m in zip(seq.input_ids, seq.sampled_mask, strict=True) if m]
-    assert tok.decode(trained) == '<tool_call>[{"name": "lookup", "arguments": {"q": 1}}]</tool_call><|im_end|>yes<|im_end|>'
+    assert (
+        tok.decode(trained)
+        == '<tool_call>[{"name": "lookup", "arguments": {"q": 1}}]</tool_call><|im_end|>yes<|im_end|>'
+    )
     context = tok.decode([i for i, m in zip(seq.input_ids, seq.sampled_mask, strict=True) if not m])
     assert "<tools>" in context and "42" in context  # tool list and tool output are context, never trained
 
@@ -83,8 +99,12 @@ def test_layout_equals_what_the_sampler_records(tiny_model_dir):
     seq = chat_to_sequence(policy.prompts, CHAT)
     first_prompt = policy.prompts.render(CHAT[:2], None)
     content = _enc(policy.tokenizer, "yes no") + [policy.tokenizer.eos_token_id]
-    policy.prompts.remember(CHAT[:2], None, CHAT[2], first_prompt, Completion(content, [0.0] * len(content), "yes no", "stop"))
-    second_prompt = policy.prompts.render(CHAT[:4], None)  # reuses the recorded ids, like a multi-turn rollout
+    policy.prompts.remember(
+        CHAT[:2], None, CHAT[2], first_prompt, Completion(content, [0.0] * len(content), "yes no", "stop")
+    )
+    second_prompt = policy.prompts.render(
+        CHAT[:4], None
+    )  # reuses the recorded ids, like a multi-turn rollout
     assert seq.input_ids[: len(second_prompt)] == second_prompt
     assert seq.input_ids[: len(first_prompt) + len(content)] == first_prompt + content
 
@@ -120,7 +140,10 @@ def test_bad_data_names_the_line(tmp_path):
 
 def _data(tmp_path, n=4):
     path = tmp_path / "chats.jsonl"
-    chats = [[{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": "yes no yes"}] for i in range(n)]
+    chats = [
+        [{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": "yes no yes"}]
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     return path
 
@@ -155,11 +178,18 @@ def test_a_step_starts_from_zeroed_gradients(tiny_model_dir, tmp_path):
 def test_sft_learns_the_answers(peaked_model_dir, tmp_path):
     from grooves.policy.transformers import TransformersPolicy
 
-    config = parse_sft_config({
-        "data": str(_data(tmp_path)), "output_dir": str(tmp_path / "run"), "batch_size": 4, "steps": 30,
-        "model": {"base_model": str(peaked_model_dir)}, "lora": {"rank": 4, "alpha": 8},
-        "optim": {"lr": 2e-2}, "logging": {"checkpoint_every": 10, "progress": False},
-    })  # fmt: skip
+    config = parse_sft_config(
+        {
+            "data": str(_data(tmp_path)),
+            "output_dir": str(tmp_path / "run"),
+            "batch_size": 4,
+            "steps": 30,
+            "model": {"base_model": str(peaked_model_dir)},
+            "lora": {"rank": 4, "alpha": 8},
+            "optim": {"lr": 2e-2},
+            "logging": {"checkpoint_every": 10, "progress": False},
+        }
+    )
     run_dir = sft(config)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 31))
@@ -167,7 +197,9 @@ def test_sft_learns_the_answers(peaked_model_dir, tmp_path):
     # padding row), so the loss falls from ~ln(vocab) to about 2 nats, not to 0
     assert rows[0]["loss"] > 5.0
     assert rows[-1]["loss"] < rows[0]["loss"] - 3.0
-    policy = TransformersPolicy(str(peaked_model_dir), adapter_path=run_dir / "checkpoints" / "step_000030" / "adapter")
+    policy = TransformersPolicy(
+        str(peaked_model_dir), adapter_path=run_dir / "checkpoints" / "step_000030" / "adapter"
+    )
     answer = _enc(policy.tokenizer, "yes no yes")
     assert rows[0]["assistant_tokens"] == 4 * (len(answer) + 1)  # content + <|im_end|> of each chat
     assert [e.step for e in AdapterRegistry(run_dir).checkpoints()] == [10, 20, 30]
@@ -178,9 +210,27 @@ def test_sft_learns_the_answers(peaked_model_dir, tmp_path):
 
 
 def test_cli_runs_from_options_and_resumes(tiny_model_dir, tmp_path):
-    args = ["sft", "--data", str(_data(tmp_path, 2)), "--model", str(tiny_model_dir), "-o", str(tmp_path / "run"),
-            "--set", "batch_size=2", "--set", "logging.progress=false", "--set", "logging.checkpoint_every=1",
-            "--set", "validation.task=toy_tokens", "--set", "validation.scenarios=2", "--set", "validation.max_tokens=2"]  # fmt: skip
+    args = [
+        "sft",
+        "--data",
+        str(_data(tmp_path, 2)),
+        "--model",
+        str(tiny_model_dir),
+        "-o",
+        str(tmp_path / "run"),
+        "--set",
+        "batch_size=2",
+        "--set",
+        "logging.progress=false",
+        "--set",
+        "logging.checkpoint_every=1",
+        "--set",
+        "validation.task=toy_tokens",
+        "--set",
+        "validation.scenarios=2",
+        "--set",
+        "validation.max_tokens=2",
+    ]
     runner = CliRunner()
     result = runner.invoke(cli_app, [*args, "--steps", "2"])
     assert result.exit_code == 0, result.output
@@ -188,6 +238,8 @@ def test_cli_runs_from_options_and_resumes(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: validation before training
-    assert all(0.0 <= r["val/reward_mean"] <= 1.0 for r in rows if r["step"] in (0, 2, 3))  # and after each run's last step
+    assert all(
+        0.0 <= r["val/reward_mean"] <= 1.0 for r in rows if r["step"] in (0, 2, 3)
+    )  # and after each run's last step
     bad = runner.invoke(cli_app, ["sft", "--data", str(tmp_path / "chats.jsonl"), "--set", "batch_size=0"])
     assert bad.exit_code == 2 and "batch_size" in bad.output

@@ -64,13 +64,21 @@ def test_grpo_raises_reward_on_toy_task(peaked_model_dir, tmp_path):
     assert rows[-1]["adapter_version"] == 16
 
 
-@pytest.mark.parametrize("loss,advantage,aggregation", [("cispo", "rloo", "sequence_mean"), ("gspo", "dr_grpo", "constant")])
+@pytest.mark.parametrize(
+    "loss,advantage,aggregation", [("cispo", "rloo", "sequence_mean"), ("gspo", "dr_grpo", "constant")]
+)
 def test_other_variants_train(peaked_model_dir, tmp_path, loss, advantage, aggregation):
     eps = {"algorithm__eps_low": 3e-4, "algorithm__eps_high": 4e-4} if loss == "gspo" else {}
     config = _config(
-        peaked_model_dir, tmp_path / loss, steps=3, algorithm__loss=loss, algorithm__advantage=advantage,
-        algorithm__aggregation=aggregation, algorithm__kl_beta=0.05, **eps,
-    )  # fmt: skip
+        peaked_model_dir,
+        tmp_path / loss,
+        steps=3,
+        algorithm__loss=loss,
+        algorithm__advantage=advantage,
+        algorithm__aggregation=aggregation,
+        algorithm__kl_beta=0.05,
+        **eps,
+    )
     rows = [r for r in _rows(train(config)) if "loss" in r]
     assert len(rows) == 3
     assert all(r["grad_norm"] > 0 for r in rows)
@@ -102,20 +110,32 @@ def test_two_runs_of_one_seed_with_the_default_fast_paths_are_identical(peaked_m
     # others rounds differently (docs/speed.md), so on a loaded machine concurrent rollouts can
     # land in other batches; what this test pins down is everything else
     over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 4, "rollout__concurrency": 1}
-    runs = [[_comparable(r) for r in _rows(train(_config(peaked_model_dir, tmp_path / name, **over)))] for name in "ab"]
+    runs = [
+        [_comparable(r) for r in _rows(train(_config(peaked_model_dir, tmp_path / name, **over)))]
+        for name in "ab"
+    ]
     assert len([r for r in runs[0] if "loss" in r]) == 3
     assert runs[0] == runs[1]  # exactly: the same samples, losses and gradients, not merely close
 
 
 def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
     """The detectors' baselines survive a resume: the same watch statistics and findings as a run that never stopped."""
-    watch = {"length_drift": {"baseline_steps": 2, "smooth": 1, "max_ratio": 1.01, "min_ratio": 0.99},
-             "reward_jump": {"min_history": 3, "window": 3, "z": 0.5, "min_delta_stds": 0.0}}  # fmt: skip
-    over = {"steps": 6, "validation__every": 0, "rollout__groups_per_step": 4, "watch": {**watch, "pause_on": "never"}}
+    watch = {
+        "length_drift": {"baseline_steps": 2, "smooth": 1, "max_ratio": 1.01, "min_ratio": 0.99},
+        "reward_jump": {"min_history": 3, "window": 3, "z": 0.5, "min_delta_stds": 0.0},
+    }
+    over = {
+        "steps": 6,
+        "validation__every": 0,
+        "rollout__groups_per_step": 4,
+        "watch": {**watch, "pause_on": "never"},
+    }
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     train(_config(peaked_model_dir, full_dir, **over))
     train(_config(peaked_model_dir, part_dir, **over), stop_after=3)
-    (part_dir / "watch.jsonl").write_text((part_dir / "watch.jsonl").read_text() + '{"step": 4, "stale": 1}\n')
+    (part_dir / "watch.jsonl").write_text(
+        (part_dir / "watch.jsonl").read_text() + '{"step": 4, "stale": 1}\n'
+    )
     train(_config(peaked_model_dir, part_dir, **over), resume=True)
 
     def watch_rows(run_dir):
@@ -123,7 +143,9 @@ def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
 
     full, resumed = watch_rows(full_dir), watch_rows(part_dir)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # the stale line after the checkpoint is gone
-    assert any("watch/length_drift/ratio" in r for r in full[3:])  # history-dependent statistics after the cut
+    assert any(
+        "watch/length_drift/ratio" in r for r in full[3:]
+    )  # history-dependent statistics after the cut
     for a, b in zip(full, resumed, strict=True):
         assert a.keys() == b.keys(), a["step"]
         for key in a:
@@ -144,7 +166,9 @@ def test_a_given_watch_with_an_embedding_function_replaces_the_configured_one(pe
         seen.append(len(texts))
         return np.array([[t.count(c) + 1e-3 for c in "abcdefghij0123456789 "] for t in texts], dtype=float)
 
-    config = _config(peaked_model_dir, tmp_path / "run", steps=2, validation__every=0, rollout__groups_per_step=4)
+    config = _config(
+        peaked_model_dir, tmp_path / "run", steps=2, validation__every=0, rollout__groups_per_step=4
+    )
     train(config, watch=Watch(config.watch, embed=embed))
     rows = [json.loads(line) for line in (tmp_path / "run" / "watch.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # written into the run's folder
@@ -197,7 +221,9 @@ def policy(peaked_model_dir):
     from grooves.config import LoraConfig
     from grooves.policy.transformers import TransformersPolicy
 
-    policy = TransformersPolicy(str(peaked_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, served_name="tiny")
+    policy = TransformersPolicy(
+        str(peaked_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, served_name="tiny"
+    )
     torch.manual_seed(0)
     for name, p in policy.model.named_parameters():
         if "lora_B" in name:
@@ -245,7 +271,12 @@ def _on_policy(policy, seqs):
     with torch.no_grad():
         lp, _ = token_logprobs(policy.model, pad_batch(seqs))  # [B, T]
     return [
-        dataclasses.replace(s, old_logprobs=[v if m else 0.0 for v, m in zip(lp[i, : len(s)].tolist(), s.sampled_mask, strict=True)])
+        dataclasses.replace(
+            s,
+            old_logprobs=[
+                v if m else 0.0 for v, m in zip(lp[i, : len(s)].tolist(), s.sampled_mask, strict=True)
+            ],
+        )
         for i, s in enumerate(seqs)
     ]
 
@@ -261,7 +292,9 @@ def _group(prompt, completions, advantages, group_id, temperature=1.0):
             ids += run
             mask += [sampled] * len(run)
         temps = [temperature if m else 1.0 for m in mask]
-        seqs.append(TrainSequence(ids, mask, [0.0] * len(ids), adv, group_id, len(prompt), temperatures=temps))
+        seqs.append(
+            TrainSequence(ids, mask, [0.0] * len(ids), adv, group_id, len(prompt), temperatures=temps)
+        )
     return seqs
 
 
@@ -269,9 +302,16 @@ def _alike_groups():
     """Completions that begin with the same sampled tokens (one-turn), and a multi-turn group whose
     members share their first sampled tokens and the tool text after them."""
     prompt = [1, 30, 31, 32, 33, 34, 35, 36, 37, 2]  # 10 tokens, past MIN_SHARED_PREFIX
-    one_turn = _group(prompt, [[([60, 61, 62, 70], True)], [([60, 61, 62, 71, 72], True)], [([60, 61, 63], True)]], [1.0, -0.2, -0.5], 0)
+    one_turn = _group(
+        prompt,
+        [[([60, 61, 62, 70], True)], [([60, 61, 62, 71, 72], True)], [([60, 61, 63], True)]],
+        [1.0, -0.2, -0.5],
+        0,
+    )
     tool = [([80, 81], True), ([5, 90, 91, 92, 6], False)]  # a tool call, then its result (context)
-    multi = _group(prompt[:9], [tool + [([100, 101], True)], tool + [([110], True)]], [0.7, -0.7], 1, temperature=0.8)
+    multi = _group(
+        prompt[:9], [tool + [([100, 101], True)], tool + [([110], True)]], [0.7, -0.7], 1, temperature=0.8
+    )
     return one_turn + multi
 
 
@@ -283,9 +323,17 @@ def _relative_error(a: dict, b: dict) -> float:
 
 
 @pytest.mark.parametrize(
-    "loss,aggregation,kl_beta", [("ppo", "token_mean", 0.0), ("ppo", "token_mean", 0.1), ("gspo", "sequence_mean", 0.0), ("cispo", "constant", 0.0)]
+    "loss,aggregation,kl_beta",
+    [
+        ("ppo", "token_mean", 0.0),
+        ("ppo", "token_mean", 0.1),
+        ("gspo", "sequence_mean", 0.0),
+        ("cispo", "constant", 0.0),
+    ],
 )
-def test_shared_prefix_trains_sampled_tokens_that_begin_alike(policy, peaked_model_dir, tmp_path, loss, aggregation, kl_beta):
+def test_shared_prefix_trains_sampled_tokens_that_begin_alike(
+    policy, peaked_model_dir, tmp_path, loss, aggregation, kl_beta
+):
     """The shared prefix stops before each member's first sampled token: same update as without it, ratio 1.
 
     (Advantages that sum to zero in a group would hide a lost token's policy gradient, as every
@@ -294,10 +342,19 @@ def test_shared_prefix_trains_sampled_tokens_that_begin_alike(policy, peaked_mod
     from grooves.core.batching import micro_batches
 
     eps = {"algorithm__eps_low": 3e-4, "algorithm__eps_high": 4e-4} if loss == "gspo" else {}
-    over = dict(algorithm__loss=loss, algorithm__aggregation=aggregation, algorithm__kl_beta=kl_beta, optim__grad_clip=1e9, **eps)
+    over = dict(
+        algorithm__loss=loss,
+        algorithm__aggregation=aggregation,
+        algorithm__kl_beta=kl_beta,
+        optim__grad_clip=1e9,
+        **eps,
+    )
     seqs = _on_policy(policy, _alike_groups())
     shared = _config(peaked_model_dir, tmp_path, **over)
-    assert [prefix for _, prefix in micro_batches(seqs, shared.optim, 0)] == [10, 9]  # the prompts, not the alike tokens
+    assert [prefix for _, prefix in micro_batches(seqs, shared.optim, 0)] == [
+        10,
+        9,
+    ]  # the prompts, not the alike tokens
     separate = _config(peaked_model_dir, tmp_path, optim__share_prefix=False, **over)
     update_shared, stats = _update(policy, seqs, shared)
     update_separate, _ = _update(policy, seqs, separate)
@@ -316,7 +373,13 @@ def test_mismatch_abs_max_is_the_largest_over_micro_batches(policy, peaked_model
     old = list(seqs[3].old_logprobs)
     old[at] -= 2.5  # one token of one sequence: the sampler saw it 2.5 nats less likely
     seqs[3] = dataclasses.replace(seqs[3], old_logprobs=old)
-    config = _config(peaked_model_dir, tmp_path, optim__share_prefix=False, optim__packing=False, optim__micro_batch_tokens=16)
+    config = _config(
+        peaked_model_dir,
+        tmp_path,
+        optim__share_prefix=False,
+        optim__packing=False,
+        optim__micro_batch_tokens=16,
+    )
     _, stats = _update(policy, seqs, config)
     assert stats["micro_batches"] == 5
     assert stats["mismatch_abs_max"] == pytest.approx(2.5, abs=1e-4)
@@ -339,23 +402,33 @@ def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peake
     prompt = [1, 30, 31, 32, 2]
 
     def traj(tokens, reward):
-        return Trajectory(turns=[SampledTurn(prompt_token_ids=prompt, token_ids=tokens, logprobs=[0.0] * len(tokens))], reward=reward)
+        return Trajectory(
+            turns=[SampledTurn(prompt_token_ids=prompt, token_ids=tokens, logprobs=[0.0] * len(tokens))],
+            reward=reward,
+        )
 
     groups = [
         TrajectoryGroup(trajectories=[traj([40, 41, 42], 1.0), traj([50, 51], 0.0)]),
         TrajectoryGroup(trajectories=[traj([60], 1.0), traj([61, 62], 1.0)]),  # zero variance: dropped
     ]
     config = _config(
-        peaked_model_dir, tmp_path, rollout__groups_per_step=2, rollout__group_size=2, rollout__max_tokens=4,
-        algorithm__advantage="dr_grpo", algorithm__aggregation="constant",
-    )  # fmt: skip
+        peaked_model_dir,
+        tmp_path,
+        rollout__groups_per_step=2,
+        rollout__group_size=2,
+        rollout__max_tokens=4,
+        algorithm__advantage="dr_grpo",
+        algorithm__aggregation="constant",
+    )
     seqs, seq_stats = to_sequences(groups, config)
     assert seq_stats["groups_zero_variance_fraction"] == 0.5 and [s.advantage for s in seqs] == [0.5, -0.5]
     import torch
 
     params = [p for p in policy.model.parameters() if p.requires_grad]
     before = _trainable(policy)
-    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), _on_policy(policy, seqs), run_loss(config), config.optim)
+    stats = optimize(
+        policy, torch.optim.SGD(params, lr=0.0), _on_policy(policy, seqs), run_loss(config), config.optim
+    )
     _restore(policy, before)
     # on-policy PPO: each token's loss is -A; (3 x -0.5 + 2 x 0.5) / (2 groups x 2 rollouts x 4 tokens)
     assert stats["loss"] == pytest.approx(-0.5 / 16, abs=1e-6)
@@ -417,19 +490,32 @@ def _overflow_at(step: int):
 
 
 def _adapter_bytes(run_dir: Path, step: int) -> bytes:
-    return (run_dir / "checkpoints" / f"step_{step:06d}" / "adapter" / "adapter_model.safetensors").read_bytes()
+    return (
+        run_dir / "checkpoints" / f"step_{step:06d}" / "adapter" / "adapter_model.safetensors"
+    ).read_bytes()
 
 
 def test_a_nonfinite_step_is_skipped_by_default(peaked_model_dir, tmp_path, capsys):
-    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "algorithm__advantage": "dr_grpo"}
+    over = {
+        "steps": 3,
+        "validation__every": 0,
+        "rollout__groups_per_step": 2,
+        "algorithm__advantage": "dr_grpo",
+    }
     run_dir = train(_config(peaked_model_dir, tmp_path / "run", **over), score=_overflow_at(2))
     rows = {r["step"]: r for r in _rows(run_dir) if "loss" in r}
     assert sorted(rows) == [1, 2, 3]
     assert [rows[s]["nonfinite_skipped"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
-    assert rows[2]["loss"] is None and rows[2]["grad_norm"] is None  # metrics.jsonl writes inf and NaN as null
+    assert (
+        rows[2]["loss"] is None and rows[2]["grad_norm"] is None
+    )  # metrics.jsonl writes inf and NaN as null
     assert all(math.isfinite(rows[s]["loss"]) for s in (1, 3))
     lines = [line for line in capsys.readouterr().out.splitlines() if "not finite" in line]
-    assert len(lines) == 1 and lines[0].startswith("step 2: loss") and 'skipped (optim.on_nonfinite = "skip")' in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("step 2: loss")
+        and 'skipped (optim.on_nonfinite = "skip")' in lines[0]
+    )
     # step 2 changed nothing: its checkpoint holds step 1's adapter; step 3 trained again
     assert _adapter_bytes(run_dir, 2) == _adapter_bytes(run_dir, 1) != _adapter_bytes(run_dir, 3)
 
@@ -437,15 +523,29 @@ def test_a_nonfinite_step_is_skipped_by_default(peaked_model_dir, tmp_path, caps
 def test_a_nonfinite_step_stops_the_run_when_asked(peaked_model_dir, tmp_path):
     from grooves.train.step import NonFiniteStep
 
-    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "algorithm__advantage": "dr_grpo"}
+    over = {
+        "steps": 3,
+        "validation__every": 0,
+        "rollout__groups_per_step": 2,
+        "algorithm__advantage": "dr_grpo",
+    }
     run_dir = tmp_path / "run"
     config = _config(peaked_model_dir, run_dir, optim__on_nonfinite="stop", **over)
-    with pytest.raises(NonFiniteStep, match=r'^step 2: loss .* not finite; its update was not applied and the run stops \(optim.on_nonfinite = "stop"\)'):
+    with pytest.raises(
+        NonFiniteStep,
+        match=r'^step 2: loss .* not finite; its update was not applied and the run stops \(optim.on_nonfinite = "stop"\)',
+    ):
         train(config, score=_overflow_at(2))
     assert [r["step"] for r in _rows(run_dir) if "loss" in r] == [1]  # step 2 is neither logged
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]  # nor checkpointed
+
+
 def _files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def test_a_new_run_in_a_folder_that_holds_one_is_refused_unless_told(peaked_model_dir, tmp_path):
@@ -457,18 +557,29 @@ def test_a_new_run_in_a_folder_that_holds_one_is_refused_unless_told(peaked_mode
     train(_config(peaked_model_dir, out, steps=3, **over))
     before = _files(out)
 
-    with pytest.raises(RunFolderError, match=r"already holds a run \(checkpoints up to step_000003\); continue it with --resume"):
+    with pytest.raises(
+        RunFolderError,
+        match=r"already holds a run \(checkpoints up to step_000003\); continue it with --resume",
+    ):
         train(_config(peaked_model_dir, out, steps=2, optim={"lr": 1e-3}, **over))
-    with pytest.raises(ConfigError, match=r"^model.base_model: "):  # a start that fails after the folder checks
-        train(_config(peaked_model_dir, out, steps=2, model={"base_model": str(tmp_path / "gone")}, **over), overwrite=True)
+    with pytest.raises(
+        ConfigError, match=r"^model.base_model: "
+    ):  # a start that fails after the folder checks
+        train(
+            _config(peaked_model_dir, out, steps=2, model={"base_model": str(tmp_path / "gone")}, **over),
+            overwrite=True,
+        )
     assert _files(out) == before  # neither touched the old run: not its config.toml, not its checkpoints
 
     train(_config(peaked_model_dir, out, steps=2, **over), overwrite=True)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert [r["step"] for r in _rows(out)] == [0, 1, 2]
     assert sorted(p.name for p in (out / "samples").iterdir()) == [
-        "step_000001.jsonl", "step_000002.jsonl", "validation_000000.jsonl", "validation_000002.jsonl",
-    ]  # fmt: skip
+        "step_000001.jsonl",
+        "step_000002.jsonl",
+        "validation_000000.jsonl",
+        "validation_000002.jsonl",
+    ]
     assert "steps = 2" in (out / "config.toml").read_text()
 
 
@@ -514,7 +625,9 @@ def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_p
     run_file.write_text(_toml(config))
     cmd = [sys.executable, "-m", "grooves.cli", "train", str(run_file)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.time() + 240
     while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():
         assert proc.poll() is None, proc.stderr.read()[-2000:]
@@ -532,7 +645,9 @@ def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_p
         f"interrupted after step {done} of 60; the last checkpoint is step {done} ({out / 'checkpoints' / f'step_{done:06d}'}); "
         f"continue with: grooves train {run_file} --resume"
     )
-    result = subprocess.run([*cmd, "--resume", "--set", f"steps={done + 1}"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [*cmd, "--resume", "--set", f"steps={done + 1}"], env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, done + 2))
 
@@ -549,7 +664,9 @@ class OverflowTask(ToyTokensTask):
 """
 
 
-def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(peaked_model_dir, tmp_path, monkeypatch):
+def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(
+    peaked_model_dir, tmp_path, monkeypatch
+):
     import tomli_w
     from typer.testing import CliRunner
 
@@ -558,14 +675,24 @@ def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(peaked_mod
     (tmp_path / "overflow_task.py").write_text(OVERFLOW_TASK)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = _config(
-        peaked_model_dir, tmp_path / "run", steps=2, validation__every=0, optim__on_nonfinite="stop", algorithm__advantage="dr_grpo"
+        peaked_model_dir,
+        tmp_path / "run",
+        steps=2,
+        validation__every=0,
+        optim__on_nonfinite="stop",
+        algorithm__advantage="dr_grpo",
     )
     data = config.model_dump(mode="json", exclude_none=True)
-    data["task"], data["task_options"] = "overflow_task:OverflowTask", {"vocab_size": 487, "num_scenarios": 16}
+    data["task"], data["task_options"] = (
+        "overflow_task:OverflowTask",
+        {"vocab_size": 487, "num_scenarios": 16},
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text(tomli_w.dumps(data))
     result = CliRunner().invoke(cli_app, ["train", str(run_file)])
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if "not finite" in line]
-    assert len(lines) == 1 and lines[0].startswith(f"{run_file}: step 1: loss") and "--resume" in lines[0], result.output
+    assert len(lines) == 1 and lines[0].startswith(f"{run_file}: step 1: loss") and "--resume" in lines[0], (
+        result.output
+    )

@@ -46,7 +46,9 @@ from grooves.watch.text import (
 def group(body: str, titles: list[str], rewards: list[float] | None = None) -> TrajectoryGroup:
     rewards = rewards or [1.0] * len(titles)
     trajs = [
-        Trajectory(messages=[{"role": "user", "content": body}, {"role": "assistant", "content": t}], reward=r)
+        Trajectory(
+            messages=[{"role": "user", "content": body}, {"role": "assistant", "content": t}], reward=r
+        )
         for t, r in zip(titles, rewards, strict=True)
     ]
     return TrajectoryGroup(scenario={"body": body}, trajectories=trajs)
@@ -204,7 +206,9 @@ def test_collapse_quiet_on_healthy_and_on_templated_tasks():
 
 
 def test_collapse_by_embedding_catches_paraphrases():
-    cfg = CollapseConfig(duplicate_rate=1.0, ngram_jaccard=1.0, embedding_cosine=0.8)  # embedding alone decides
+    cfg = CollapseConfig(
+        duplicate_rate=1.0, ngram_jaccard=1.0, embedding_cosine=0.8
+    )  # embedding alone decides
     detector = Collapse(cfg, embed=hashed_trigram_embed)
     rng = np.random.default_rng(5)
     for step in range(3):
@@ -266,7 +270,9 @@ def overlap_reward(trajectory: Trajectory, scenario: dict) -> float:
 
 def hype_reward(trajectory: Trajectory, scenario: dict) -> float:
     """Input-blind: counts hype words, reads nothing of the story."""
-    trajectory.metadata["scored"] = True  # a reward that writes on the trajectory must not leak into training data
+    trajectory.metadata["scored"] = (
+        True  # a reward that writes on the trajectory must not leak into training data
+    )
     return float(sum(w in {"believe", "shocking", "trick"} for w in words(trajectory.completion)))
 
 
@@ -277,7 +283,9 @@ def test_rescoring_on_shuffled_inputs():
     obs = healthy.observe(view(0, groups=groups))
     assert obs.findings == [] and obs.stats["watch/input_independence/rescore_effect"] > 1.0
     blind = InputIndependence(InputIndependenceConfig(rescore_every=1), rescore=hype_reward)
-    hyped = [group(b, ["shocking trick you will believe", "one trick", "shocking", "believe it"]) for b in STORIES]
+    hyped = [
+        group(b, ["shocking trick you will believe", "one trick", "shocking", "believe it"]) for b in STORIES
+    ]
     obs = blind.observe(view(0, groups=hyped))
     (finding,) = obs.findings
     assert finding.evidence["stream"] == "rescore" and finding.evidence["effect"] == 0.0
@@ -309,7 +317,11 @@ def test_a_failing_rescorer_is_a_notice_not_a_crash():
 
 def feed_lengths(lengths):
     detector = LengthDrift(LengthDriftConfig())
-    return [f for step, n in enumerate(lengths) for f in detector.observe(view(step, {"completion_tokens_mean": n})).findings]
+    return [
+        f
+        for step, n in enumerate(lengths)
+        for f in detector.observe(view(step, {"completion_tokens_mean": n})).findings
+    ]
 
 
 def test_length_drift_grows_shrinks_and_noise():
@@ -390,7 +402,13 @@ def test_watch_never_pauses_by_default_and_prints(capsys):
 
 
 def test_finding_roundtrip_and_config_errors():
-    f = Finding(step=3, detector="collapse", severity="critical", message="m", evidence={"stream": "outputs", "x": 1.5})
+    f = Finding(
+        step=3,
+        detector="collapse",
+        severity="critical",
+        message="m",
+        evidence={"stream": "outputs", "x": 1.5},
+    )
     assert Finding.model_validate_json(f.model_dump_json()) == f
     with pytest.raises(ValidationError, match="threshold"):
         WatchConfig.model_validate({"collapse": {"threshold": 0.5}})

@@ -52,7 +52,11 @@ class NewAdapter(AdapterSource):
 
 
 def route_json(table: AdapterTable, route: Route, promoter: Promoter | None = None) -> dict:
-    body = {**asdict(route), "version": table.version_of(route), "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None}
+    body = {
+        **asdict(route),
+        "version": table.version_of(route),
+        "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None,
+    }
     if promoter is not None:
         body["history"] = promoter.history(route.name)
     return body
@@ -76,7 +80,11 @@ async def _call(fn, *args):
         raise APIError(404, str(exc), "name", "model_not_found") from exc
     except (AdapterConflict, NothingToRollBack) as exc:
         raise APIError(409, str(exc), "name", "conflict") from exc
-    except (ValueError, RuntimeError, OSError) as exc:  # peft/torch: an adapter that does not fit this base model
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as exc:  # peft/torch: an adapter that does not fit this base model
         raise APIError(400, f"could not load the adapter: {exc}", "path") from exc
 
 

@@ -127,7 +127,9 @@ class AdapterRegistry:
         for e in entries:
             if e.step == step:
                 return e
-        raise AdapterNotFound(f"{self.run_dir}: no checkpoint of step {step}; kept steps: {[e.step for e in entries]}")
+        raise AdapterNotFound(
+            f"{self.run_dir}: no checkpoint of step {step}; kept steps: {[e.step for e in entries]}"
+        )
 
     def best(self, metric: str = DEFAULT_METRIC, mode: Literal["max", "min"] = "max") -> CheckpointEntry:
         """The checkpoint whose step scored best on `metric`; ties go to the later step."""
@@ -154,7 +156,10 @@ Selection = str
 
 
 def resolve_adapter(
-    source: str | Path, select: Selection = "latest", metric: str = DEFAULT_METRIC, mode: Literal["max", "min"] = "max"
+    source: str | Path,
+    select: Selection = "latest",
+    metric: str = DEFAULT_METRIC,
+    mode: Literal["max", "min"] = "max",
 ) -> Path:
     """The adapter folder that `source` names.
 

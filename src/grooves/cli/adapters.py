@@ -31,7 +31,9 @@ from grooves.adapters.registry import (
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-adapters_app = typer.Typer(no_args_is_help=True, add_completion=False, help="A run's adapters; promote one into a running server.")
+adapters_app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="A run's adapters; promote one into a running server."
+)
 weights_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect adapter weights.")
 
 SELECT_HELP = "For a run folder: latest, best (by --metric), or a step number."
@@ -57,7 +59,9 @@ def parse_adapter_options(values: list[str], served_name: str) -> tuple[Path | N
         name, sep, source = value.partition("=")
         if not sep:
             if own is not None:
-                raise ValueError(f"--adapter {value}: only one adapter can be unnamed; name the others NAME=PATH")
+                raise ValueError(
+                    f"--adapter {value}: only one adapter can be unnamed; name the others NAME=PATH"
+                )
             own = _resolve_option(value, value)
             continue
         if not name or not source:
@@ -79,15 +83,25 @@ def _resolve_option(value: str, source: str) -> Path:
 
 def export_command(
     source: str = typer.Argument(..., help="Adapter folder, checkpoint folder, or run folder."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output folder: merged/ (Hugging Face model) and adapter/ (peft)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Output folder: merged/ (Hugging Face model) and adapter/ (peft)."
+    ),
     select: str = typer.Option("latest", "--select", help=SELECT_HELP),
     metric: str = typer.Option(DEFAULT_METRIC, "--metric", help="Validation metric for --select best."),
     mode: str = typer.Option("max", "--mode", help="max or min: which way --metric is better."),
-    base: str | None = typer.Option(None, "--base", help="Base model; default: the one recorded in adapter_config.json."),
-    dtype: str = typer.Option("float32", "--dtype", help="Dtype of the merged weights: float32, bfloat16 or float16."),
+    base: str | None = typer.Option(
+        None, "--base", help="Base model; default: the one recorded in adapter_config.json."
+    ),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Dtype of the merged weights: float32, bfloat16 or float16."
+    ),
     merged: bool = typer.Option(True, "--merged/--no-merged", help="Write the merged model."),
-    adapter: bool = typer.Option(True, "--adapter/--no-adapter", help="Write the adapter alone (peft format)."),
-    verify: bool = typer.Option(True, "--verify/--no-verify", help="Reload the merged model and compare its logits."),
+    adapter: bool = typer.Option(
+        True, "--adapter/--no-adapter", help="Write the adapter alone (peft format)."
+    ),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Reload the merged model and compare its logits."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it is not empty."),
 ) -> None:
     """Merge an adapter into its base model and write a plain Hugging Face folder (and the adapter).
@@ -100,7 +114,14 @@ def export_command(
     path = _resolve(source, select, metric, mode)
     try:
         result = export_adapter(
-            path, out, base_model=base, dtype=dtype, merged=merged, adapter=adapter, verify=verify, overwrite=overwrite
+            path,
+            out,
+            base_model=base,
+            dtype=dtype,
+            merged=merged,
+            adapter=adapter,
+            verify=verify,
+            overwrite=overwrite,
         )
     except ExportError as exc:
         raise _fail(str(exc)) from exc
@@ -112,7 +133,10 @@ def export_command(
     if result.adapter_dir:
         console.print(f"peft adapter -> {result.adapter_dir}", highlight=False)
     if result.max_abs_logit_diff is not None:
-        console.print(f"max |logit(merged) - logit(adapter)| on the probe chat: {result.max_abs_logit_diff:.3g}", highlight=False)
+        console.print(
+            f"max |logit(merged) - logit(adapter)| on the probe chat: {result.max_abs_logit_diff:.3g}",
+            highlight=False,
+        )
 
 
 @weights_app.command("diff")
@@ -120,8 +144,12 @@ def weights_diff_command(
     a: str = typer.Argument(..., help="First adapter (adapter, checkpoint or run folder)."),
     b: str | None = typer.Argument(None, help="Second adapter to compare with (optional)."),
     select: str = typer.Option("latest", "--select", help=SELECT_HELP),
-    group: str = typer.Option("block", "--group", help="Rows: module (each weight), block (each layer), kind (q_proj...), total."),
-    base: str | None = typer.Option(None, "--base", help="Base model; default: the one in A's adapter_config.json."),
+    group: str = typer.Option(
+        "block", "--group", help="Rows: module (each weight), block (each layer), kind (q_proj...), total."
+    ),
+    base: str | None = typer.Option(
+        None, "--base", help="Base model; default: the one in A's adapter_config.json."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Per-layer ||s B A||_F / ||W||_F: how far each adapter moves the base weights."""
@@ -138,7 +166,12 @@ def weights_diff_command(
     except DriftError as exc:
         raise _fail(str(exc)) from exc
     if as_json:
-        body = {"adapters": [str(p) for p in paths], "group": group, "rows": [asdict(r) for r in rows], "total": asdict(total)}
+        body = {
+            "adapters": [str(p) for p in paths],
+            "group": group,
+            "rows": [asdict(r) for r in rows],
+            "total": asdict(total),
+        }
         typer.echo(json.dumps(body, indent=2))
         return
     caption = "rel X = ||dW_X|| / ||W|| (Frobenius); cos = <dW_A, dW_B> / (||dW_A|| ||dW_B||)"
@@ -146,7 +179,7 @@ def weights_diff_command(
     if len(paths) == 2:
         table.add_column("rel A-B")
         table.add_column("cos")
-    for r in ([*rows, total] if group != "total" else rows):
+    for r in [*rows, total] if group != "total" else rows:
         cells = [r.name, f"{r.weight_norm:.3g}", *[f"{x:.3e}" for x in r.relative]]
         if r.relative_diff is not None:
             cells += [f"{r.relative_diff:.3e}", f"{r.cosine:+.3f}"]
@@ -159,7 +192,9 @@ def weights_diff_command(
 @adapters_app.command("list")
 def list_command(
     run_dir: Path = typer.Argument(..., help="A run folder (grooves train or grooves sft)."),
-    metric: str = typer.Option(DEFAULT_METRIC, "--metric", help="Validation metric that picks the best checkpoint."),
+    metric: str = typer.Option(
+        DEFAULT_METRIC, "--metric", help="Validation metric that picks the best checkpoint."
+    ),
     mode: str = typer.Option("max", "--mode", help="max or min."),
 ) -> None:
     """A run's kept checkpoints, their validation metrics, and which is best."""
@@ -178,17 +213,25 @@ def list_command(
     table = Table("step", *val_keys, "best", "adapter", title=str(run_dir))
     for e in entries:
         vals = [f"{e.metrics[k]:.4g}" if isinstance(e.metrics.get(k), int | float) else "" for k in val_keys]
-        table.add_row(str(e.step), *vals, "*" if e.step == best else "", str(e.adapter.relative_to(registry.run_dir)))
+        table.add_row(
+            str(e.step), *vals, "*" if e.step == best else "", str(e.adapter.relative_to(registry.run_dir))
+        )
     console.print(table)
     if best is None:
-        console.print(f"no kept checkpoint has {metric}; `--select best` will fail for this run", highlight=False)
+        console.print(
+            f"no kept checkpoint has {metric}; `--select best` will fail for this run", highlight=False
+        )
 
 
 @adapters_app.command("promote")
 def promote_command(
     name: str = typer.Argument(..., help="Served model name whose adapter is replaced."),
-    source: str = typer.Argument(..., help="Adapter, checkpoint or run folder (resolved here, sent as an absolute path)."),
-    server: str = typer.Option("http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."),
+    source: str = typer.Argument(
+        ..., help="Adapter, checkpoint or run folder (resolved here, sent as an absolute path)."
+    ),
+    server: str = typer.Option(
+        "http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."
+    ),
     select: str = typer.Option("latest", "--select", help=SELECT_HELP),
     metric: str = typer.Option(DEFAULT_METRIC, "--metric", help="Validation metric for --select best."),
 ) -> None:
@@ -200,13 +243,17 @@ def promote_command(
         body = http_promoter(server, name)(path)
     except (RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from exc
-    console.print(f"{name} -> {body['path']} ({body['adapter_id']}, version {body['version']})", highlight=False)
+    console.print(
+        f"{name} -> {body['path']} ({body['adapter_id']}, version {body['version']})", highlight=False
+    )
 
 
 @adapters_app.command("rollback")
 def rollback_command(
     name: str = typer.Argument(..., help="Served model name to roll back."),
-    server: str = typer.Option("http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."),
+    server: str = typer.Option(
+        "http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."
+    ),
 ) -> None:
     """Make NAME answer with what it served before its last promotion."""
     import httpx
@@ -218,18 +265,24 @@ def rollback_command(
     if resp.status_code >= 400:
         raise _fail(resp.json().get("error", {}).get("message", resp.text))
     body = resp.json()
-    console.print(f"{name} -> {body['path'] or 'the base weights'} (version {body['version']})", highlight=False)
+    console.print(
+        f"{name} -> {body['path'] or 'the base weights'} (version {body['version']})", highlight=False
+    )
 
 
 @adapters_app.command("watch")
 def watch_command(
     run_dir: Path = typer.Argument(..., help="A run folder that is training (or done)."),
     name: str = typer.Option(..., "--name", help="Served model name to keep promoting."),
-    server: str = typer.Option("http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."),
+    server: str = typer.Option(
+        "http://127.0.0.1:8000/v1", "--server", help="Base URL of the running `grooves serve`."
+    ),
     select: str = typer.Option("best", "--select", help="best (by --metric) or latest."),
     metric: str = typer.Option(DEFAULT_METRIC, "--metric", help="Validation metric for --select best."),
     mode: str = typer.Option("max", "--mode", help="max or min."),
-    interval: float = typer.Option(30.0, "--interval", min=0.1, help="Seconds between looks at the run folder."),
+    interval: float = typer.Option(
+        30.0, "--interval", min=0.1, help="Seconds between looks at the run folder."
+    ),
 ) -> None:
     """Continual promotion: promote each new best (or latest) checkpoint of a run as it appears. Ctrl-C stops."""
     from grooves.adapters.promote import http_promoter, watch_run

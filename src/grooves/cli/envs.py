@@ -8,7 +8,9 @@ import typer
 
 from grooves.envs.registry import BUILTINS, get_env, get_spec
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent environments: list, validate, serve.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Agent environments: list, validate, serve."
+)
 
 
 @app.command("list")
@@ -34,8 +36,10 @@ def scenarios(
 
 
 @app.command("validate")
-def validate(name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),
-             seed: int = typer.Option(0, help="data seed")) -> None:
+def validate(
+    name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),
+    seed: int = typer.Option(0, help="data seed"),
+) -> None:
     """Prove the grader: gold solutions must score 1.0 and known-bad ones low. Exit 1 if not."""
     report = get_env(name, seed=seed).validate()
     typer.echo(report.summary())
@@ -53,10 +57,19 @@ def serve(
     ttl: float = typer.Option(600.0, help="seconds an idle session lives before it is closed"),
     max_sessions: int = typer.Option(512, help="open sessions allowed at once"),
     max_body_bytes: int = typer.Option(32 * 2**20, min=1, help="largest request body (413 past it)"),
-    max_snapshot_bytes: int = typer.Option(16 * 2**20, min=1, help="largest snapshot a session may restore (413 past it)"),
+    max_snapshot_bytes: int = typer.Option(
+        16 * 2**20, min=1, help="largest snapshot a session may restore (413 past it)"
+    ),
 ) -> None:
     """Serve an environment over HTTP (sessions: create, reset, step, snapshot, restore, grade, close)."""
     from grooves.envs.server import serve as run
 
-    run(get_env(name, seed=seed), host=host, port=port, ttl_s=ttl, max_sessions=max_sessions,
-        max_body_bytes=max_body_bytes, max_snapshot_bytes=max_snapshot_bytes)
+    run(
+        get_env(name, seed=seed),
+        host=host,
+        port=port,
+        ttl_s=ttl,
+        max_sessions=max_sessions,
+        max_body_bytes=max_body_bytes,
+        max_snapshot_bytes=max_snapshot_bytes,
+    )

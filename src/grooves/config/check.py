@@ -40,14 +40,23 @@ def check_against_model(config: RunConfig) -> None:
         try:
             with torch.device("meta"):  # shapes only: no memory, no weights read
                 skeleton = AutoModelForCausalLM.from_config(model_config)
-        except (ValueError, KeyError, TypeError, ImportError):  # an architecture transformers cannot build here
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            ImportError,
+        ):  # an architecture transformers cannot build here
             skeleton = None
         if skeleton is not None:
             names = [n for n, _ in skeleton.named_modules()]
-            linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
+            linear = sorted(
+                {n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}
+            )
             for target in config.lora.target_modules:
                 if not any(n == target or n.endswith("." + target) for n in names):
-                    problems.append(f"lora.target_modules: {target!r} is no layer of this model; its linear layers are {', '.join(linear)}")
+                    problems.append(
+                        f"lora.target_modules: {target!r} is no layer of this model; its linear layers are {', '.join(linear)}"
+                    )
     if problems:
         raise ConfigError("\n".join(problems))
 

@@ -53,7 +53,9 @@ class LoraConfig(Section):
     alpha: float = Field(16.0, gt=0)
     """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1)
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
+    )
     """Linear layers that get adapters: attention and MLP (all) learn faster than attention only.
     Each name must match a layer of the model (checked at start, before the weights load)."""
 

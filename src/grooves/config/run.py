@@ -67,7 +67,9 @@ class RunConfig(Section):
             if not self.tasks:
                 raise ValueError("tasks is empty; list at least one {task = ..., weight = ...} or use `task`")
             if self.task != RunConfig.model_fields["task"].default or self.task_options:
-                raise ValueError("set either `task` (with task_options) or `tasks` (with per-task options), not both")
+                raise ValueError(
+                    "set either `task` (with task_options) or `tasks` (with per-task options), not both"
+                )
             names = [t.name or t.task for t in self.tasks]
             if len(set(names)) != len(names):
                 raise ValueError(f"tasks: names must be unique, got {names}; give a repeated task a `name`")

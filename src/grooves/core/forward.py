@@ -47,7 +47,9 @@ def token_logprobs(
     predicting = logits[:, :-1]  # [B, T-1, V]: position t-1 predicts token t
     targets = batch.input_ids[:, 1:]  # [B, T-1]
     lp, entropy = _logprobs_of(predicting, targets, _from(temps, 1), chunk_size, lead=1)  # [B, T]
-    starts = batch.position_ids == 0  # [B, T]: a packed row's next sequence is not predicted by the previous one
+    starts = (
+        batch.position_ids == 0
+    )  # [B, T]: a packed row's next sequence is not predicted by the previous one
     return lp.masked_fill(starts, 0.0), entropy.masked_fill(starts, 0.0)
 
 
@@ -56,7 +58,9 @@ def _token_temperatures(batch: TrainBatch, temperature: float | None) -> torch.T
     then the logits need no division."""
     if temperature is not None:
         if not 0 < temperature < math.inf:
-            raise ValueError(f"temperature must be finite and > 0, got {temperature}; use the sampler's temperature")
+            raise ValueError(
+                f"temperature must be finite and > 0, got {temperature}; use the sampler's temperature"
+            )
         return None if temperature == 1.0 else torch.full_like(batch.old_logprobs, temperature)
     temps = batch.temperatures  # [B, T]
     return None if bool((temps == 1.0).all()) else temps
@@ -123,24 +127,36 @@ def shared_prefix_logprobs(
     if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):
         raise ValueError("rows of the batch do not share their first prefix_len tokens")
     if bool(batch.sampled_mask[:, :prefix_len].any()):
-        raise ValueError("the shared prefix holds sampled tokens; it must end before every row's first sampled token")
+        raise ValueError(
+            "the shared prefix holds sampled tokens; it must end before every row's first sampled token"
+        )
     temps = _token_temperatures(batch, temperature)  # [B, T] or None
     if pack_suffixes is None:
         pack_suffixes = getattr(model.config, "_attn_implementation", None) in _MASKED_ATTENTION
     if pack_suffixes:
         return _packed_with_prefix(model, batch, prefix_len, temps, chunk_size)
-    head = model(input_ids=prefix, use_cache=True, logits_to_keep=1)  # only the last prefix position predicts a sampled token
+    head = model(
+        input_ids=prefix, use_cache=True, logits_to_keep=1
+    )  # only the last prefix position predicts a sampled token
     cache = head.past_key_values
     cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...], differentiable
     suffix = batch.input_ids[:, prefix_len:]  # [B, S]
-    mask = torch.cat([batch.attention_mask.new_ones(rows, prefix_len), batch.attention_mask[:, prefix_len:]], dim=1)
+    mask = torch.cat(
+        [batch.attention_mask.new_ones(rows, prefix_len), batch.attention_mask[:, prefix_len:]], dim=1
+    )
     positions = torch.arange(prefix_len, width, device=suffix.device).expand(rows, -1)  # [B, S]
-    tail = model(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-    predicting = torch.cat([head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], dim=1)  # [B, S, V]
+    tail = model(
+        input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    )
+    predicting = torch.cat(
+        [head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], dim=1
+    )  # [B, S, V]
     return _logprobs_of(predicting, suffix, _from(temps, prefix_len), chunk_size, lead=prefix_len)
 
 
-def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temps: torch.Tensor | None, chunk_size: int):
+def _packed_with_prefix(
+    model, batch: TrainBatch, prefix_len: int, temps: torch.Tensor | None, chunk_size: int
+):
     """The prefix and then every row's suffix as one packed [1, P + N] row; lp and entropy back in [B, T]."""
     rows, width = batch.input_ids.shape
     device = batch.input_ids.device
@@ -149,22 +165,30 @@ def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temps: torch.
     suffix = batch.input_ids[:, p:]  # [B, S]
     ids = suffix[real]  # [N], row after row
     n = ids.shape[0]
-    seq = torch.arange(rows, device=device).repeat_interleave(real.sum(-1))  # [N]: the row of each packed token
+    seq = torch.arange(rows, device=device).repeat_interleave(
+        real.sum(-1)
+    )  # [N]: the row of each packed token
     offset = torch.arange(suffix.shape[1], device=device).expand(rows, -1)[real]  # [N]: its place in the row
     index = torch.arange(n, device=device)
     allowed = torch.zeros(p + n, p + n, dtype=torch.bool, device=device)
     allowed[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril()  # the prefix is causal
     allowed[p:, :p] = True  # every suffix token sees the whole prefix
-    allowed[p:, p:] = (seq[:, None] == seq[None, :]) & (index[None, :] <= index[:, None])  # and its own row, causally
+    allowed[p:, p:] = (seq[:, None] == seq[None, :]) & (
+        index[None, :] <= index[:, None]
+    )  # and its own row, causally
     dtype = model.get_input_embeddings().weight.dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
     out = model(
         input_ids=torch.cat([batch.input_ids[0, :p], ids])[None],
         attention_mask=mask[None, None],
         position_ids=torch.cat([torch.arange(p, device=device), p + offset])[None],
         use_cache=False,
-        logits_to_keep=kept_positions(p - 1, p + n, device),  # the prefix's earlier positions predict nothing sampled
-    )  # fmt: skip
+        logits_to_keep=kept_positions(
+            p - 1, p + n, device
+        ),  # the prefix's earlier positions predict nothing sampled
+    )
     kept = out.logits  # [1, N + 1, V]; kept[:, k] is packed position P - 1 + k
     # packed token k is predicted by the position before it (kept[:, k]), except a row's first
     # token: the prefix's last position (kept[:, 0]); both are read as views, never copied
@@ -172,12 +196,16 @@ def _packed_with_prefix(model, batch: TrainBatch, prefix_len: int, temps: torch.
     packed_temps = None if suffix_temps is None else suffix_temps[real][None]  # [1, N]
     first_temps = None if suffix_temps is None else suffix_temps[:, :1]  # [B, 1]
     lp_next, ent_next = _logprobs_of(kept[:, :n], ids[None], packed_temps, chunk_size, lead=0)  # [1, N]
-    lp_first, ent_first = _logprobs_of(kept[:, :1].expand(rows, -1, -1), suffix[:, :1], first_temps, chunk_size, lead=0)  # [B, 1]
+    lp_first, ent_first = _logprobs_of(
+        kept[:, :1].expand(rows, -1, -1), suffix[:, :1], first_temps, chunk_size, lead=0
+    )  # [B, 1]
     first = offset == 0  # [N]
     lp = torch.where(first, lp_first[seq, 0], lp_next[0])  # [N]
     entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
     placed = torch.cat([real.new_zeros(rows, p), real], dim=1)  # [B, T]
-    return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(rows, width).masked_scatter(placed, entropy)
+    return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(
+        rows, width
+    ).masked_scatter(placed, entropy)
 
 
 def kept_positions(start: int, stop: int, device: torch.device | str) -> torch.Tensor:
@@ -197,7 +225,9 @@ def _chunk_logprobs(
     scaled = logits.float() if temps is None else logits.float() / temps[..., None]  # [B, c, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [B, c, V]
     lp = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, c]
-    with torch.no_grad():  # -sum p log p from the log-probabilities at hand: no second log over the vocabulary
+    with (
+        torch.no_grad()
+    ):  # -sum p log p from the log-probabilities at hand: no second log over the vocabulary
         entropy = -(logp.exp() * logp).sum(-1)  # [B, c]; logits are finite, so no 0 * -inf
     return lp, entropy
 
@@ -215,4 +245,6 @@ def _attention_mask(model: torch.nn.Module, mask: torch.Tensor, dtype: torch.dty
     if mask.dtype == dtype:
         return mask
     blocked = mask < 0  # [B, 1, T, T]
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(blocked, torch.finfo(dtype).min)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        blocked, torch.finfo(dtype).min
+    )

@@ -79,13 +79,17 @@ async def gather(
             return traj
 
     try:
-        tasks = [(gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)]
+        tasks = [
+            (gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)
+        ]
         for gi, task in tasks:
             groups[gi].trajectories.append(await task)
     finally:
         if bar is not None:
             bar.close()
-    broken = [t for g in groups for t in g.trajectories if t.error is not None and not t.metrics.get("judge_failed")]
+    broken = [
+        t for g in groups for t in g.trajectories if t.error is not None and not t.metrics.get("judge_failed")
+    ]
     failed = len(broken)
     if total and failed / total > max_failure_fraction:
         first = broken[0].error

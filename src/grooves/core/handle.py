@@ -38,7 +38,9 @@ class ModelHandle:
         self._turn[0] += 1
         return (self.seed * 1_000_003 + self._turn[0]) % (2**31 - 1)
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, n: int = 1):
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, n: int = 1
+    ):
         """One chat completion with the run's sampling settings; returns the first choice."""
         request: dict[str, Any] = {
             "model": self.name,

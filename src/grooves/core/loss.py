@@ -136,7 +136,9 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo_clip, "cispo": cispo, "gspo":
 """Per-token policy losses by config name (DAPO is "ppo" with eps_low=0.2, eps_high=0.28)."""
 
 
-def kl_penalty(lp: torch.Tensor, lp_ref: torch.Tensor, kind: KLKind, mask: torch.Tensor | None = None) -> torch.Tensor:
+def kl_penalty(
+    lp: torch.Tensor, lp_ref: torch.Tensor, kind: KLKind, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-token KL penalty from tokens sampled by pi, with d = lp_ref - lp = log(pi_ref / pi) at the token.
 
     Values, as estimates of KL(pi || pi_ref) (Schulman 2020, "Approximating KL divergence"):
@@ -258,7 +260,9 @@ def compute_loss(
     if policy_loss not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
     if beta != 0.0 and lp_ref is None:
-        raise ValueError(f"beta={beta} needs reference logprobs lp_ref (adapter disabled); pass them or set beta=0")
+        raise ValueError(
+            f"beta={beta} needs reference logprobs lp_ref (adapter disabled); pass them or set beta=0"
+        )
     out = POLICY_LOSSES[policy_loss](lp, lp_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
     counts = {"num_sequences": num_sequences, "num_tokens": num_tokens, "num_rollouts": num_rollouts}
     policy_part = aggregate(out.loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
@@ -305,9 +309,13 @@ class Loss:
 
     def __post_init__(self) -> None:
         if self.policy_loss not in POLICY_LOSSES:
-            raise ValueError(f"unknown policy loss {self.policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
+            raise ValueError(
+                f"unknown policy loss {self.policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}"
+            )
         if self.aggregation not in get_args(AggregationMode):
-            raise ValueError(f"unknown loss aggregation {self.aggregation!r}; allowed: {', '.join(get_args(AggregationMode))}")
+            raise ValueError(
+                f"unknown loss aggregation {self.aggregation!r}; allowed: {', '.join(get_args(AggregationMode))}"
+            )
         if self.kl_kind not in get_args(KLKind):
             raise ValueError(f"unknown KL estimator {self.kl_kind!r}; allowed: {', '.join(get_args(KLKind))}")
 
@@ -328,21 +336,40 @@ class Loss:
         lp_ref: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return compute_loss(
-            lp, lp_old, adv, mask, seq_ids, policy_loss=self.policy_loss, eps_low=self.eps_low, eps_high=self.eps_high,
-            aggregation=self.aggregation, max_completion_tokens=self.max_completion_tokens, lp_ref=lp_ref,
-            beta=self.beta, kl_kind=self.kl_kind, num_sequences=counts.num_sequences if counts else None,
-            num_tokens=counts.num_tokens if counts else None, num_rollouts=self.rollouts_per_step,
-        )  # fmt: skip
+            lp,
+            lp_old,
+            adv,
+            mask,
+            seq_ids,
+            policy_loss=self.policy_loss,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            aggregation=self.aggregation,
+            max_completion_tokens=self.max_completion_tokens,
+            lp_ref=lp_ref,
+            beta=self.beta,
+            kl_kind=self.kl_kind,
+            num_sequences=counts.num_sequences if counts else None,
+            num_tokens=counts.num_tokens if counts else None,
+            num_rollouts=self.rollouts_per_step,
+        )
 
 
-def build_loss(algorithm: AlgorithmConfig, *, max_completion_tokens: int, rollouts_per_step: int | None = None) -> Loss:
+def build_loss(
+    algorithm: AlgorithmConfig, *, max_completion_tokens: int, rollouts_per_step: int | None = None
+) -> Loss:
     """The run's loss from its `[algorithm]` section; `max_completion_tokens` is `rollout.max_tokens`
     and `rollouts_per_step` `groups_per_step x group_size` (both used by the constant aggregation)."""
     return Loss(
-        policy_loss=algorithm.loss, eps_low=algorithm.eps_low, eps_high=algorithm.eps_high,
-        aggregation=algorithm.aggregation, max_completion_tokens=max_completion_tokens, beta=algorithm.kl_beta,
-        kl_kind=algorithm.kl_kind, rollouts_per_step=rollouts_per_step,
-    )  # fmt: skip
+        policy_loss=algorithm.loss,
+        eps_low=algorithm.eps_low,
+        eps_high=algorithm.eps_high,
+        aggregation=algorithm.aggregation,
+        max_completion_tokens=max_completion_tokens,
+        beta=algorithm.kl_beta,
+        kl_kind=algorithm.kl_kind,
+        rollouts_per_step=rollouts_per_step,
+    )
 
 
 def _ratio_stats(
@@ -382,4 +409,3 @@ def _broadcast_sequence_mean(values: torch.Tensor, mask: torch.Tensor, seq_ids: 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     n = int(mask.sum())
     return float(torch.where(mask, values, torch.zeros_like(values)).sum() / n) if n else 0.0
-

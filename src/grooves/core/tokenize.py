@@ -56,7 +56,9 @@ class TrainSequence:
             )
         if self.temperatures is not None:
             if len(self.temperatures) != n:
-                raise ValueError(f"TrainSequence fields disagree: {n} input_ids, {len(self.temperatures)} temperatures")
+                raise ValueError(
+                    f"TrainSequence fields disagree: {n} input_ids, {len(self.temperatures)} temperatures"
+                )
             if not all(0 < t < math.inf for t in self.temperatures):  # also refuses NaN
                 raise ValueError(
                     "TrainSequence temperatures must be finite and > 0: a greedy turn (temperature 0) reports "
@@ -114,7 +116,9 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
     their sampling logprobs and the temperature their turn was sampled at).
     """
     if traj.error is not None:
-        raise ValueError(f"trajectory failed ({traj.error}); failed rollouts are not trained on, use group.ok")
+        raise ValueError(
+            f"trajectory failed ({traj.error}); failed rollouts are not trained on, use group.ok"
+        )
     out = []
     for segment in _segments(traj.turns):
         first = traj.turns[segment[0]]
@@ -131,7 +135,13 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
             temps += [1.0] * len(new_context) + [logprob_temperature(turn)] * len(turn.token_ids)
         out.append(
             TrainSequence(
-                ids, mask, old, float(advantage), group_id, prompt_len=len(first.prompt_token_ids), temperatures=temps
+                ids,
+                mask,
+                old,
+                float(advantage),
+                group_id,
+                prompt_len=len(first.prompt_token_ids),
+                temperatures=temps,
             )
         )
     return out

@@ -13,6 +13,13 @@ from grooves.envs.registry import BUILTINS, get_env
 from grooves.envs.rollout import make_rollout, run_episode
 
 __all__ = [
-    "BUILTINS", "Environment", "Episode", "Grade", "Limits", "ValidationReport", "get_env", "make_rollout",
+    "BUILTINS",
+    "Environment",
+    "Episode",
+    "Grade",
+    "Limits",
+    "ValidationReport",
+    "get_env",
+    "make_rollout",
     "run_episode",
 ]

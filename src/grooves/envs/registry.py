@@ -20,7 +20,9 @@ def get_spec(name: str) -> TaskSpec:
     return import_module(f"grooves.envs.builtin.{name}").SPEC
 
 
-def get_env(name: str, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None) -> SqliteEnvironment:
+def get_env(
+    name: str, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None
+) -> SqliteEnvironment:
     """A built-in environment; `seed` picks the generated data and scenarios (0 is the reference).
 
     `on_disk=True` gives each episode a temporary database file instead of memory (for

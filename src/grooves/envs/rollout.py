@@ -49,7 +49,8 @@ async def run_episode(
     episode: Episode = await asyncio.to_thread(env.reset, scenario)
     try:
         traj = Trajectory(
-            messages=list(episode.messages), tools=episode.tools,
+            messages=list(episode.messages),
+            tools=episode.tools,
             metadata={"env": env.name, "scenario_id": scenario.get("id"), "split": scenario.get("split")},
         )
         stop_reason, model_calls, after_budget = "max_turns", 0, False
@@ -58,8 +59,12 @@ async def run_episode(
                 choice = await client.complete(traj.messages, traj.tools)
             else:
                 completion = await client.chat.completions.create(
-                    model=model, messages=traj.messages, tools=traj.tools, logprobs=True,
-                    temperature=temperature, max_tokens=max_tokens,
+                    model=model,
+                    messages=traj.messages,
+                    tools=traj.tools,
+                    logprobs=True,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
                 )
                 choice = completion.choices[0]
             model_calls += 1
@@ -99,7 +104,13 @@ def make_rollout(
 
     async def rollout(model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         return await run_episode(
-            model, env, scenario, model=name, max_turns=max_turns, temperature=temperature, max_tokens=max_tokens
+            model,
+            env,
+            scenario,
+            model=name,
+            max_turns=max_turns,
+            temperature=temperature,
+            max_tokens=max_tokens,
         )
 
     return rollout

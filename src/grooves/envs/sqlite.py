@@ -146,8 +146,12 @@ class SqliteEnvironment:
                 if bad.score > bad_threshold:
                     failures.append(f"{sc['id']}: bad solver {i} scored {bad.score:.3f}")
         return ValidationReport(
-            env=self.name, scenarios=len(scenarios), gold_scores=gold_scores,
-            bad_scores=bad_scores, bad_threshold=bad_threshold, failures=failures,
+            env=self.name,
+            scenarios=len(scenarios),
+            gold_scores=gold_scores,
+            bad_scores=bad_scores,
+            bad_threshold=bad_threshold,
+            failures=failures,
         )
 
 
@@ -235,8 +239,12 @@ class LocalEpisode:
     def grade(self, trajectory: Any) -> Grade:
         messages = as_messages(trajectory)
         inputs = GradeInput(
-            scenario=self.scenario, state=self.state, seed=self.env.seed_db, messages=messages,
-            answer=final_answer(messages), calls=tool_calls_made(messages),
+            scenario=self.scenario,
+            state=self.state,
+            seed=self.env.seed_db,
+            messages=messages,
+            answer=final_answer(messages),
+            calls=tool_calls_made(messages),
         )
         return self.env.spec.grade(inputs)
 
@@ -287,8 +295,11 @@ def play(episode: Any, solver: Solver, scenario: Scenario) -> Trajectory:
     def call(name: str, arguments: dict[str, Any]) -> Any:
         nonlocal count
         count += 1
-        raw = {"id": f"call_{count}", "type": "function",
-               "function": {"name": name, "arguments": json.dumps(arguments)}}
+        raw = {
+            "id": f"call_{count}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
         traj.messages.append({"role": "assistant", "content": "", "tool_calls": [raw]})
         reply = episode.step(raw)
         traj.messages.append(reply)

@@ -11,4 +11,13 @@ from grooves.envs.sqlite import (
     play,
 )
 
-__all__ = ["Call", "GradeInput", "LocalEpisode", "Solver", "SqliteEnvironment", "TaskSpec", "assign_splits", "play"]
+__all__ = [
+    "Call",
+    "GradeInput",
+    "LocalEpisode",
+    "Solver",
+    "SqliteEnvironment",
+    "TaskSpec",
+    "assign_splits",
+    "play",
+]

@@ -26,14 +26,28 @@ def policy_for(
         from grooves.policy.vllm import VLLMPolicy
 
         return VLLMPolicy(
-            model.base_model, lora=lora, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
-            seed=seed, served_name=served_name, gpu_memory_utilization=vllm.gpu_memory_utilization,
-            sleep_level=vllm.sleep_level, max_model_len=vllm.max_model_len, enforce_eager=vllm.enforce_eager,
+            model.base_model,
+            lora=lora,
+            dtype=model.dtype,
+            device=model.device,
+            tool_format=model.tool_format,
+            seed=seed,
+            served_name=served_name,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            sleep_level=vllm.sleep_level,
+            max_model_len=vllm.max_model_len,
+            enforce_eager=vllm.enforce_eager,
             fast=model.fast,
-        )  # fmt: skip
+        )
     from grooves.policy.transformers import TransformersPolicy
 
     return TransformersPolicy(
-        model.base_model, lora=lora, dtype=model.dtype, device=model.device, tool_format=model.tool_format,
-        seed=seed, served_name=served_name, fast=model.fast,
-    )  # fmt: skip
+        model.base_model,
+        lora=lora,
+        dtype=model.dtype,
+        device=model.device,
+        tool_format=model.tool_format,
+        seed=seed,
+        served_name=served_name,
+        fast=model.fast,
+    )

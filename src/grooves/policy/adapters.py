@@ -38,13 +38,17 @@ class PeftAdapters:
         from peft import PeftModel
 
         if not (Path(path) / "adapter_config.json").is_file():
-            raise ValueError(f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)")
+            raise ValueError(
+                f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
+            )
         with self.lock, self.keep_requires_grad():
             try:
                 if hasattr(self.model, "peft_config"):
                     self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)
                 else:  # the first adapter wraps the base model (in place: the base weights stay shared)
-                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=False)
+                    self.model = PeftModel.from_pretrained(
+                        self.model, str(path), adapter_name=name, is_trainable=False
+                    )
             except Exception:  # e.g. shapes of another base model: leave no half-loaded adapter behind
                 if name in self.loaded():
                     self.unload(name)

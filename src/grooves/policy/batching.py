@@ -77,7 +77,9 @@ class BatchScheduler:
         self._thread = threading.Thread(target=self._run, name="grooves-sampler", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt: list[int], params: SamplingParams, adapter: str | None = None) -> list[Completion]:
+    async def submit(
+        self, prompt: list[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
         """The request's completions; cancelling the awaiting task withdraws the request from the sampler."""
         if not self._thread.is_alive():
             raise RuntimeError("the sampler was closed")
@@ -119,7 +121,9 @@ class BatchScheduler:
         rows = jobs[0].params.n
         deadline = time.monotonic() + self.max_wait_s
         while rows < self.max_batch_rows:
-            timeout = min(self.window_s, deadline - time.monotonic())  # quiet for window_s: the batch is complete
+            timeout = min(
+                self.window_s, deadline - time.monotonic()
+            )  # quiet for window_s: the batch is complete
             try:
                 job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:

@@ -46,12 +46,16 @@ class ControlTextGuard:
         self.tokenizer = tokenizer
         self._as_text = copy.deepcopy(tokenizer)
         self._as_text.split_special_tokens = True  # this copy never matches special tokens in text
-        self._as_text("", add_special_tokens=False)  # its first call sets the backend's flag: done here, before any thread
+        self._as_text(
+            "", add_special_tokens=False
+        )  # its first call sets the backend's flag: done here, before any thread
         tokens = control_tokens(tokenizer)
         self._control = re.compile("|".join(map(re.escape, tokens)) or "(?!)")  # (?!) matches nothing
         nonce = secrets.token_hex(8)
         self._open, self._close = f"ctl{nonce}a", f"ctl{nonce}z"
-        self._marked = re.compile(f"{self._open}({self._control.pattern}){self._close}|{self._open}|{self._close}")
+        self._marked = re.compile(
+            f"{self._open}({self._control.pattern}){self._close}|{self._open}|{self._close}"
+        )
         self._newline = self._encode_plain("\n")
 
     def mark(self, obj: Any) -> Any:

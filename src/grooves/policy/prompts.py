@@ -48,7 +48,13 @@ class PromptState:
     """Renders chats to prompt ids and remembers the ids behind each completion it was told about."""
 
     def __init__(
-        self, tokenizer, *, tool_format: str | None, max_context: int, eos_token_ids: set[int], max_records: int = 20_000
+        self,
+        tokenizer,
+        *,
+        tool_format: str | None,
+        max_context: int,
+        eos_token_ids: set[int],
+        max_records: int = 20_000,
     ):
         self.tokenizer = tokenizer
         self.tool_format: ToolFormat = tool_format_for(tool_format, tokenizer.chat_template)
@@ -63,9 +69,11 @@ class PromptState:
         """The rendered prompt, with control-token text from the request marked (`encode` keeps it text)."""
         msgs, native_tools = self.tool_format.template_messages(messages, tools)
         return self.tokenizer.apply_chat_template(
-            self.guard.mark(msgs), tools=self.guard.mark(native_tools), tokenize=False,
+            self.guard.mark(msgs),
+            tools=self.guard.mark(native_tools),
+            tokenize=False,
             add_generation_prompt=add_generation_prompt,
-        )  # fmt: skip
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text from `template_text`: marked control-token text as plain text."""
@@ -95,7 +103,8 @@ class PromptState:
     @staticmethod
     def _normal_message(m: dict[str, Any]) -> dict[str, Any]:
         calls = [
-            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls") or []
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in m.get("tool_calls") or []
         ]
         return {"role": m.get("role"), "content": m.get("content") or "", "tool_calls": calls}
 

@@ -27,7 +27,14 @@ class Sampler:
     """
 
     def __init__(
-        self, adapters: PeftAdapters, tokenizer, *, eos_token_ids: set[int], generator: torch.Generator, lock, fast: FastSampling
+        self,
+        adapters: PeftAdapters,
+        tokenizer,
+        *,
+        eos_token_ids: set[int],
+        generator: torch.Generator,
+        lock,
+        fast: FastSampling,
     ):
         self.adapters = adapters
         self.tokenizer = tokenizer
@@ -51,9 +58,15 @@ class Sampler:
             model.eval()
             try:
                 return sample(
-                    model, self.tokenizer, prompts, params, eos_token_ids=self.eos_token_ids,
-                    generator=self.generator, decoder=self.fast.decoder, cancelled=cancelled,
-                )  # fmt: skip
+                    model,
+                    self.tokenizer,
+                    prompts,
+                    params,
+                    eos_token_ids=self.eos_token_ids,
+                    generator=self.generator,
+                    decoder=self.fast.decoder,
+                    cancelled=cancelled,
+                )
             finally:
                 if was_training:
                     model.train()

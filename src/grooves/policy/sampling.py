@@ -47,7 +47,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    finish_reason: (
+        str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    )
 
 
 class Decoder(Protocol):
@@ -180,7 +182,9 @@ def sample(
         raise ValueError("cancelled must have one entry per prompt")
     for i, p in enumerate(params):
         if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
-            raise ValueError(f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)")
+            raise ValueError(
+                f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
+            )
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     # identical prompts (a group's rollouts sent as separate requests) are prefilled once
@@ -198,7 +202,9 @@ def sample(
 
     # left padding puts every prompt's last token in the last column, the only one that predicts
     last = kept_positions(width - 1, width, device)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last
+    )
     cache = out.past_key_values
     last_logits = out.logits[:, -1, :].float()  # [U, V]
 
@@ -264,4 +270,6 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         cut = text.find(s)
         if cut >= 0:
             text = text[:cut]
-    return Completion(token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length")
+    return Completion(
+        token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length"
+    )

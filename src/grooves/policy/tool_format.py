@@ -73,7 +73,11 @@ def _call_text(tool_calls: list[dict[str, Any]]) -> str:
 def _new_call(name: str, arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:

@@ -46,7 +46,9 @@ def load_model(
 
     path = resolve_model(base_model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation).to(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+    ).to(device)
     model.eval()
     if adapter_path is not None:
         from peft import PeftModel
@@ -92,7 +94,12 @@ class TransformersPolicy:
         self.base_model = base_model
         self.served_name = served_name or base_model
         model, self.tokenizer = load_model(
-            base_model, lora=lora, adapter_path=adapter_path, dtype=dtype, device=device, attn_implementation=attn_implementation
+            base_model,
+            lora=lora,
+            adapter_path=adapter_path,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation,
         )
         self.trainable = lora is not None
         self.device = device
@@ -100,13 +107,19 @@ class TransformersPolicy:
         self.generator = torch.Generator().manual_seed(seed)
         self.adapters = PeftAdapters(model, self.lock)
         self.prompts = PromptState(
-            self.tokenizer, tool_format=tool_format, eos_token_ids=end_of_turn_ids(self.tokenizer, model),
+            self.tokenizer,
+            tool_format=tool_format,
+            eos_token_ids=end_of_turn_ids(self.tokenizer, model),
             max_context=max_context or int(getattr(model.config, "max_position_embeddings", 2048)),
-        )  # fmt: skip
+        )
         self.sampler = Sampler(
-            self.adapters, self.tokenizer, eos_token_ids=self.prompts.eos_token_ids, generator=self.generator,
-            lock=self.lock, fast=FastSampling(self.fast_paths, model, own_adapter=self.adapters.own),
-        )  # fmt: skip
+            self.adapters,
+            self.tokenizer,
+            eos_token_ids=self.prompts.eos_token_ids,
+            generator=self.generator,
+            lock=self.lock,
+            fast=FastSampling(self.fast_paths, model, own_adapter=self.adapters.own),
+        )
 
     @property
     def model(self):

@@ -64,7 +64,9 @@ def lora_rank_cap(rank: int) -> int:
     for cap in VLLM_LORA_RANKS:
         if cap >= rank:
             return cap
-    raise ValueError(f"lora.rank = {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]}); lower it")
+    raise ValueError(
+        f"lora.rank = {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]}); lower it"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,9 @@ def completion_from_vllm(output: Any) -> Completion:
     """A vLLM `CompletionOutput` as a grooves `Completion` (ids, their logprobs, text, finish reason)."""
     ids = [int(t) for t in output.token_ids]
     if output.logprobs is None:
-        raise RuntimeError("vLLM returned no logprobs; the request must set logprobs=0 (see vllm_sampling_kwargs)")
+        raise RuntimeError(
+            "vLLM returned no logprobs; the request must set logprobs=0 (see vllm_sampling_kwargs)"
+        )
     logprobs = [float(output.logprobs[i][t].logprob) for i, t in enumerate(ids)]
     finish = "length" if output.finish_reason == "length" else "stop"
     return Completion(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=finish)
@@ -153,7 +157,9 @@ class VllmAdapters:
     so the next request samples with it.
     """
 
-    def __init__(self, publisher: AdapterPublisher, model, lock: threading.RLock, wake_up: Callable[[], None]):
+    def __init__(
+        self, publisher: AdapterPublisher, model, lock: threading.RLock, wake_up: Callable[[], None]
+    ):
         self.publisher = publisher
         self._model = model
         self.lock = lock
@@ -182,7 +188,9 @@ class VllmAdapters:
 
     def load(self, path: str | Path, name: str) -> None:
         if not (Path(path) / "adapter_config.json").is_file():
-            raise ValueError(f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)")
+            raise ValueError(
+                f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
+            )
         with self.lock:
             self._extra_ids += 1
             self._extra[name] = AdapterRef(name, self._extra_ids, str(path), 0)
@@ -241,19 +249,31 @@ class VLLMPolicy:
         self.lock = threading.RLock()
         self.generator = torch.Generator().manual_seed(seed)
         self.prompts = PromptState(
-            self.tokenizer, tool_format=tool_format, eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
+            self.tokenizer,
+            tool_format=tool_format,
+            eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
             max_context=max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048)),
-        )  # fmt: skip
+        )
         self.sleep_level = sleep_level
         self.llm = LLM(
-            model=resolve_model(base_model), dtype=dtype, seed=seed, enable_lora=True,
-            max_lora_rank=lora_rank_cap(lora.rank), max_loras=2, gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=sleep_level > 0, logprobs_mode="processed_logprobs", generation_config="vllm",
-            max_model_len=self.prompts.max_context, enforce_eager=enforce_eager,
-        )  # fmt: skip
+            model=resolve_model(base_model),
+            dtype=dtype,
+            seed=seed,
+            enable_lora=True,
+            max_lora_rank=lora_rank_cap(lora.rank),
+            max_loras=2,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep_level > 0,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            max_model_len=self.prompts.max_context,
+            enforce_eager=enforce_eager,
+        )
         self._asleep = False
         folder = adapter_dir or tempfile.mkdtemp(prefix="grooves-vllm-adapters-")
-        self.adapters = VllmAdapters(AdapterPublisher(folder, self.served_name), self.model, self.lock, self.wake_up)
+        self.adapters = VllmAdapters(
+            AdapterPublisher(folder, self.served_name), self.model, self.lock, self.wake_up
+        )
 
     @contextlib.contextmanager
     def training_phase(self) -> Iterator[None]:
@@ -271,7 +291,11 @@ class VLLMPolicy:
             self._asleep = False
 
     def generate(
-        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None, cancelled=None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None = None,
+        cancelled=None,
     ) -> list[list[Completion]]:
         """Sample completions for several prompts in one vLLM batch (blocking).
 
@@ -287,8 +311,13 @@ class VLLMPolicy:
             self.wake_up()
             ref = self.adapters.ref(adapter)
             request = LoRARequest(ref.name, ref.lora_int_id, ref.path)
-            sampling = [VllmSamplingParams(**vllm_sampling_kwargs(p, self.prompts.eos_token_ids)) for p in params]
+            sampling = [
+                VllmSamplingParams(**vllm_sampling_kwargs(p, self.prompts.eos_token_ids)) for p in params
+            ]
             outputs = self.llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompts], sampling, lora_request=request, use_tqdm=False
+                [{"prompt_token_ids": list(p)} for p in prompts],
+                sampling,
+                lora_request=request,
+                use_tqdm=False,
             )
         return [[completion_from_vllm(o) for o in out.outputs] for out in outputs]

@@ -10,4 +10,12 @@ from grooves.policy.vllm import (
     vllm_sampling_kwargs,
 )
 
-__all__ = ["AdapterPublisher", "AdapterRef", "VLLMPolicy", "VLLM_LORA_RANKS", "completion_from_vllm", "lora_rank_cap", "vllm_sampling_kwargs"]
+__all__ = [
+    "AdapterPublisher",
+    "AdapterRef",
+    "VLLMPolicy",
+    "VLLM_LORA_RANKS",
+    "completion_from_vllm",
+    "lora_rank_cap",
+    "vllm_sampling_kwargs",
+]

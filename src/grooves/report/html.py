@@ -68,9 +68,11 @@ def report_page(
         f"final reward_mean {_fmt(last.get('reward_mean'))}</p>"
         f'<p class="badges" id="summary">{severity_badges(findings)}</p>'
     )
-    body = [summary, "<h2 id=\"findings\">Watch findings</h2>", findings_table(findings)]
-    body.append('<h2 id="curves">Curves</h2><p class="muted">Vertical lines mark findings by number '
-                "(red critical, orange warning, grey info).</p>")
+    body = [summary, '<h2 id="findings">Watch findings</h2>', findings_table(findings)]
+    body.append(
+        '<h2 id="curves">Curves</h2><p class="muted">Vertical lines mark findings by number '
+        "(red critical, orange warning, grey info).</p>"
+    )
     for title, keys, rows, bands in key_groups(run.metrics, watch_rows):
         fig = panels(rows, keys, findings, bands=bands)
         if fig is not None:
@@ -82,17 +84,28 @@ def report_page(
     return page(f"grooves report: {name}", "\n".join(body))
 
 
-def _samples_section(run: RunData, findings: Sequence[Finding], limit: int, picks: tuple[int, int, int], seed: int) -> str:
+def _samples_section(
+    run: RunData, findings: Sequence[Finding], limit: int, picks: tuple[int, int, int], seed: int
+) -> str:
     steps = choose_sample_steps(list(run.sample_files), findings, limit)
     if not steps:
         return '<h2 id="samples">Samples</h2><p class="muted">The run kept no samples (samples/step_*.jsonl).</p>'
-    parts = ['<h2 id="samples">Samples</h2>',
-             f'<p class="muted">Best, worst and random outputs of {len(steps)} of {len(run.sample_files)} kept steps.</p>']
+    parts = [
+        '<h2 id="samples">Samples</h2>',
+        f'<p class="muted">Best, worst and random outputs of {len(steps)} of {len(run.sample_files)} kept steps.</p>',
+    ]
     for step in steps:
-        chosen = pick_samples(run.samples(step), n_best=picks[0], n_worst=picks[1], n_random=picks[2],
-                              rng=np.random.default_rng([seed, step, 2]))
-        parts.append(f'<section class="sample-step" id="samples-step-{step}"><h3>Step {step}</h3>'
-                     f"{samples_html(chosen)}</section>")
+        chosen = pick_samples(
+            run.samples(step),
+            n_best=picks[0],
+            n_worst=picks[1],
+            n_random=picks[2],
+            rng=np.random.default_rng([seed, step, 2]),
+        )
+        parts.append(
+            f'<section class="sample-step" id="samples-step-{step}"><h3>Step {step}</h3>'
+            f"{samples_html(chosen)}</section>"
+        )
     return "".join(parts)
 
 

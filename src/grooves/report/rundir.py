@@ -57,7 +57,9 @@ def load_run(path: str | Path) -> RunData:
         raise FileNotFoundError(f"{path} is not a directory; pass the run directory the trainer wrote")
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.exists():
-        raise FileNotFoundError(f"no metrics.jsonl in {path}: not a run directory, or the run wrote no step yet")
+        raise FileNotFoundError(
+            f"no metrics.jsonl in {path}: not a run directory, or the run wrote no step yet"
+        )
     metrics = read_jsonl(metrics_path)
     for i, row in enumerate(metrics):
         row.setdefault("step", i)

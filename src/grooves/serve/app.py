@@ -72,25 +72,41 @@ def create_app(
     app.state.scheduler = scheduler
     app.state.adapters = adapters
     app.add_middleware(
-        BodyLimit, max_bytes=max_body_bytes,
-        too_large=lambda limit: error_body(f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"),
+        BodyLimit,
+        max_bytes=max_body_bytes,
+        too_large=lambda limit: error_body(
+            f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"
+        ),
     )
-    app.add_middleware(ServerErrors, body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"))
+    app.add_middleware(
+        ServerErrors,
+        body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"),
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return JSONResponse(status_code=exc.status, content=error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code))
+        return JSONResponse(
+            status_code=exc.status,
+            content=error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         if first.get("type") == "json_invalid":  # the loc of a JSON error is a character offset
-            loc, first = "", {"msg": f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"}
+            loc, first = (
+                "",
+                {
+                    "msg": f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"
+                },
+            )
         message = f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
         return JSONResponse(status_code=400, content=error_body(message, param=loc or None))
 
-    app.include_router(chat_router(policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens))
+    app.include_router(
+        chat_router(policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens)
+    )
     return app
 
 
@@ -100,7 +116,11 @@ def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float 
     from openai import AsyncOpenAI
 
     # the trainer's own requests: its run file bounds them, so no per-request work cap
-    app = policy_or_app if isinstance(policy_or_app, FastAPI) else create_app(policy_or_app, max_request_tokens=None)
+    app = (
+        policy_or_app
+        if isinstance(policy_or_app, FastAPI)
+        else create_app(policy_or_app, max_request_tokens=None)
+    )
     transport = httpx.ASGITransport(app=app)
     http = httpx.AsyncClient(transport=transport, base_url="http://grooves.local", timeout=timeout)
     return AsyncOpenAI(base_url="http://grooves.local/v1", api_key=api_key, http_client=http, max_retries=0)

@@ -30,7 +30,12 @@ _FN_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def chat_router(
-    policy: Policy, scheduler: BatchScheduler, adapters: AdapterTable, *, max_n: int, max_request_tokens: int | None
+    policy: Policy,
+    scheduler: BatchScheduler,
+    adapters: AdapterTable,
+    *,
+    max_n: int,
+    max_request_tokens: int | None,
 ) -> APIRouter:
     """The two endpoints over `policy`, sampling through `scheduler`, routing names with `adapters`."""
     router = APIRouter()
@@ -47,7 +52,12 @@ def chat_router(
     @router.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         if req.model not in adapters.names():
-            raise APIError(404, f"model {req.model!r} is not served here; available: {adapters.names()}", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"model {req.model!r} is not served here; available: {adapters.names()}",
+                "model",
+                "model_not_found",
+            )
         refuse_unsupported(req)
         if req.n > max_n:
             raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
@@ -55,8 +65,10 @@ def chat_router(
         if max_request_tokens is not None and req.n * max_tokens > max_request_tokens:
             name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             raise APIError(
-                400, f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
-                f"limit of {max_request_tokens} per request; lower n or {name}", name,
+                400,
+                f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
+                f"limit of {max_request_tokens} per request; lower n or {name}",
+                name,
             )
         check_content(req.messages)
         validate_tools(req.tools)
@@ -73,14 +85,25 @@ def chat_router(
         except ContextOverflow as exc:
             raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
         except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
-            raise APIError(400, f"messages could not be rendered by the chat template: {exc}", "messages") from exc
+            raise APIError(
+                400, f"messages could not be rendered by the chat template: {exc}", "messages"
+            ) from exc
         params = SamplingParams(
-            n=req.n, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop or [], seed=req.seed
+            n=req.n,
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop or [],
+            seed=req.seed,
         )
         try:
-            with adapters.lease(req.model) as route:  # the adapter stays loaded until this request is answered
+            with adapters.lease(
+                req.model
+            ) as route:  # the adapter stays loaded until this request is answered
                 version = adapters.version_of(route)
-                completions = await _sample_unless_gone(scheduler, request, prompt_ids, params, route.adapter_id)
+                completions = await _sample_unless_gone(
+                    scheduler, request, prompt_ids, params, route.adapter_id
+                )
         except UnknownModel as exc:  # removed while this request was being rendered
             raise APIError(404, str(exc), "model", "model_not_found") from exc
         return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
@@ -96,16 +119,26 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
             raise APIError(400, f"{where}: expected {{'type': 'function', 'function': {{...}}}}", param=where)
         fn = tool["function"]
         if not isinstance(fn.get("name"), str) or not _FN_NAME.match(fn["name"]):
-            raise APIError(400, f"{where}.function.name must match [a-zA-Z0-9_-]{{1,64}}", param=f"{where}.function.name")
+            raise APIError(
+                400, f"{where}.function.name must match [a-zA-Z0-9_-]{{1,64}}", param=f"{where}.function.name"
+            )
         params = fn.get("parameters", {"type": "object", "properties": {}})
         try:
             jsonschema.Draft202012Validator.check_schema(params)
         except jsonschema.SchemaError as exc:
             raise APIError(
-                400, f"{where}.function.parameters is not a valid JSON schema: {exc.message}", param=f"{where}.function.parameters"
+                400,
+                f"{where}.function.parameters is not a valid JSON schema: {exc.message}",
+                param=f"{where}.function.parameters",
             ) from exc
-        if not isinstance(params, dict) or params.get("type", "object") != "object":  # `true` is a valid schema too
-            raise APIError(400, f"{where}.function.parameters must be an object schema", param=f"{where}.function.parameters")
+        if (
+            not isinstance(params, dict) or params.get("type", "object") != "object"
+        ):  # `true` is a valid schema too
+            raise APIError(
+                400,
+                f"{where}.function.parameters must be an object schema",
+                param=f"{where}.function.parameters",
+            )
 
 
 def check_content(messages: list[Message]) -> None:
@@ -117,8 +150,10 @@ def check_content(messages: list[Message]) -> None:
             where = f"messages[{i}].content[{j}]"
             if part.get("type") != "text":
                 raise APIError(
-                    400, f"{where}.type is {part.get('type')!r}: this server serves a text-only model and takes "
-                    "only {'type': 'text', 'text': '...'} parts", f"{where}.type",
+                    400,
+                    f"{where}.type is {part.get('type')!r}: this server serves a text-only model and takes "
+                    "only {'type': 'text', 'text': '...'} parts",
+                    f"{where}.type",
                 )
             if not isinstance(part.get("text"), str):
                 raise APIError(400, f"{where}.text must be a string", f"{where}.text")
@@ -129,7 +164,11 @@ def refuse_unsupported(req: ChatRequest) -> None:
     if req.stream:
         raise APIError(400, "stream=true is not supported; request without streaming", "stream")
     if req.tool_choice not in (None, "auto", "none"):
-        raise APIError(400, f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'", "tool_choice")
+        raise APIError(
+            400,
+            f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'",
+            "tool_choice",
+        )
     if req.response_format is not None and req.response_format.get("type", "text") != "text":
         raise APIError(400, "response_format other than {'type': 'text'} is not supported", "response_format")
     if req.logit_bias:
@@ -150,7 +189,9 @@ async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, promp
         if not sampling.done():  # the client left (or this handler was cancelled): withdraw the request
             sampling.cancel()
     if not sampling.done() or sampling.cancelled():
-        raise APIError(499, "the client closed the connection before the completion was ready", code="client_closed")
+        raise APIError(
+            499, "the client closed the connection before the completion was ready", code="client_closed"
+        )
     try:
         return sampling.result()
     except Exception as exc:  # this request's own failure; requests batched with it were answered
@@ -166,8 +207,14 @@ async def _disconnected(request: Request) -> None:
 
 
 def _response(
-    policy: Policy, req: ChatRequest, messages, tools, prompt_ids: list[int], completions: list[Completion],
-    version: int | None, adapter_id: str | None = None,
+    policy: Policy,
+    req: ChatRequest,
+    messages,
+    tools,
+    prompt_ids: list[int],
+    completions: list[Completion],
+    version: int | None,
+    adapter_id: str | None = None,
 ) -> dict[str, Any]:
     """The chat completion: each sample parsed into a message (tool calls included) and remembered
     with its token ids, so a later turn of the conversation continues them exactly."""
@@ -182,7 +229,14 @@ def _response(
         block = logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None
         choices.append(
             choice_body(
-                i, message, finish, c, prompt_ids, logprobs=block, adapter_version=version, adapter_id=adapter_id,
+                i,
+                message,
+                finish,
+                c,
+                prompt_ids,
+                logprobs=block,
+                adapter_version=version,
+                adapter_id=adapter_id,
                 temperature=req.temperature,
             )
         )

@@ -143,7 +143,9 @@ class AdapterTable:
         """
         self.get(name)  # fail before loading anything
         if name == self.policy.served_name and self.policy.trainable:
-            raise AdapterConflict(f"{name!r} is the training adapter of a running trainer; serve the new adapter under another name")
+            raise AdapterConflict(
+                f"{name!r} is the training adapter of a running trainer; serve the new adapter under another name"
+            )
         if path is None and name != self.policy.served_name:
             raise AdapterConflict(f"only {self.policy.served_name!r} can route to the policy's own weights")
         adapter_id = self._load(path) if path is not None else None
@@ -153,7 +155,9 @@ class AdapterTable:
                 raise UnknownModel(name, list(self._routes))
             old = self._routes[name]
             version = (old.version or 0) + 1
-            new = self._routes[name] = Route(name, adapter_id, version, str(path) if path is not None else None)
+            new = self._routes[name] = Route(
+                name, adapter_id, version, str(path) if path is not None else None
+            )
             self._retire(old.adapter_id)
         return old, new
 
@@ -224,8 +228,12 @@ def check_adapter_fits(model, path: str | Path) -> None:
             try:
                 module = base.get_submodule(name)
             except AttributeError:
-                raise ValueError(f"{path}: the adapter targets {name!r}, which this model does not have; was it trained on another base model?") from None
+                raise ValueError(
+                    f"{path}: the adapter targets {name!r}, which this model does not have; was it trained on another base model?"
+                ) from None
             got = f.get_slice(key).get_shape()[1 if kind == "A" else 0]
             want = getattr(module, "in_features" if kind == "A" else "out_features", got)
             if got != want:
-                raise ValueError(f"{path}: {name} has {want} {'input' if kind == 'A' else 'output'} features but the adapter has {got}; was it trained on another base model?")
+                raise ValueError(
+                    f"{path}: {name} has {want} {'input' if kind == 'A' else 'output'} features but the adapter has {got}; was it trained on another base model?"
+                )

@@ -54,7 +54,9 @@ class Message(BaseModel):
             return v
         if isinstance(v, list) and all(isinstance(p, dict) for p in v):
             return v
-        raise ValueError("content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null")
+        raise ValueError(
+            "content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null"
+        )
 
 
 class ChatRequest(BaseModel):
@@ -97,8 +99,16 @@ def logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> di
 
 
 def choice_body(
-    index: int, message: dict[str, Any], finish_reason: str, completion: Completion, prompt_ids: list[int], *,
-    logprobs: dict[str, Any] | None, adapter_version: int | None, adapter_id: str | None, temperature: float,
+    index: int,
+    message: dict[str, Any],
+    finish_reason: str,
+    completion: Completion,
+    prompt_ids: list[int],
+    *,
+    logprobs: dict[str, Any] | None,
+    adapter_version: int | None,
+    adapter_id: str | None,
+    temperature: float,
 ) -> dict[str, Any]:
     """One choice: OpenAI's fields, then grooves' token record of the sample."""
     return {
@@ -115,7 +125,9 @@ def choice_body(
     }
 
 
-def completion_body(model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def completion_body(
+    model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
     """A `chat.completion` object around its choices, with the token usage."""
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -16,7 +16,9 @@ from grooves.envs.rollout import run_episode
 
 
 class EnvironmentTask:
-    def __init__(self, env_name: str, seed: int = 0, max_turns: int | None = None, success_threshold: float = 1.0):
+    def __init__(
+        self, env_name: str, seed: int = 0, max_turns: int | None = None, success_threshold: float = 1.0
+    ):
         self.env = get_env(env_name, seed=seed)
         self.name = f"env:{env_name}"
         self.max_turns = max_turns
@@ -27,8 +29,13 @@ class EnvironmentTask:
 
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         traj = await run_episode(
-            model, self.env, scenario, model=model.name, max_turns=self.max_turns,
-            temperature=model.temperature, max_tokens=model.max_tokens,
-        )  # fmt: skip
+            model,
+            self.env,
+            scenario,
+            model=model.name,
+            max_turns=self.max_turns,
+            temperature=model.temperature,
+            max_tokens=model.max_tokens,
+        )
         traj.metrics["success"] = float(traj.reward >= self.success_threshold)
         return traj

@@ -46,7 +46,9 @@ class TaskMixture:
             raise ValueError("a task mixture needs at least one task")
         names = [m.name for m in members]
         if len(set(names)) != len(names):
-            raise ValueError(f"task names in a mixture must be unique, got {names}; give repeated tasks a `name`")
+            raise ValueError(
+                f"task names in a mixture must be unique, got {names}; give repeated tasks a `name`"
+            )
         for m in members:
             if not m.weight > 0:
                 raise ValueError(f"task {m.name!r}: weight must be > 0, got {m.weight}")
@@ -72,7 +74,9 @@ class TaskMixture:
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         name = scenario.get(TASK_KEY)
         if name not in self._by_name:
-            raise ValueError(f"scenario has {TASK_KEY}={name!r}, not one of this mixture's tasks {sorted(self._by_name)}")
+            raise ValueError(
+                f"scenario has {TASK_KEY}={name!r}, not one of this mixture's tasks {sorted(self._by_name)}"
+            )
         inner = {k: v for k, v in scenario.items() if k != TASK_KEY}
         traj = await self._by_name[name].task.rollout(model, inner)
         traj.metadata["task"] = name
@@ -87,7 +91,9 @@ def build_task(config: RunConfig) -> Task:
     if not config.tasks:
         return _load(config.task, config.task_options, "task", "task_options")
     members = [
-        WeightedTask(e.name or e.task, _load(e.task, e.options, f"tasks.{i}.task", f"tasks.{i}.options"), e.weight)
+        WeightedTask(
+            e.name or e.task, _load(e.task, e.options, f"tasks.{i}.task", f"tasks.{i}.options"), e.weight
+        )
         for i, e in enumerate(config.tasks)
     ]
     return TaskMixture(members)
@@ -97,7 +103,9 @@ def _load(spec: str, options: dict[str, Any], field: str, options_field: str) ->
     try:
         return load_task(spec, options)
     except TaskLoadError as exc:
-        where = field if exc.option is None else f"{options_field}.{exc.option}" if exc.option else options_field
+        where = (
+            field if exc.option is None else f"{options_field}.{exc.option}" if exc.option else options_field
+        )
         raise ConfigError(f"{where}: {str(exc).removeprefix('task ')}") from None
 
 
@@ -114,5 +122,7 @@ def task_metrics(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[st
         key = f"{prefix}task/{name}"
         out[f"{key}/groups"] = float(len(members))
         out[f"{key}/reward_mean"] = sum(t.reward for t in trajs) / len(trajs) if trajs else float("nan")
-        out[f"{key}/success_rate"] = sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs) if trajs else float("nan")
+        out[f"{key}/success_rate"] = (
+            sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs) if trajs else float("nan")
+        )
     return out

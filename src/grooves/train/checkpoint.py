@@ -53,7 +53,9 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
-def save_checkpoint(run_dir: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, keep: int
+) -> Path:
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -61,7 +63,9 @@ def save_checkpoint(run_dir: Path, state: TrainState, model, optimizer, policy_g
     model.save_pretrained(tmp / "adapter")
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_states(policy_generator), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": state.step, "data_position": state.data_position, "format": FORMAT}))
+    (tmp / "state.json").write_text(
+        json.dumps({"step": state.step, "data_position": state.data_position, "format": FORMAT})
+    )
     (tmp / "config.toml").write_text(config_toml)
     _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
     shutil.rmtree(final, ignore_errors=True)
@@ -103,7 +107,15 @@ def set_rng_states(states: dict, policy_generator) -> None:
     gauss = states["python_gauss"].tolist()
     random.setstate((python[0], tuple(python[1:]), gauss[0] if gauss else None))
     pos, has_gauss = states["numpy_pos"].tolist()
-    np.random.set_state(("MT19937", states["numpy"].numpy().astype(np.uint32), pos, has_gauss, float(states["numpy_gauss"][0])))
+    np.random.set_state(
+        (
+            "MT19937",
+            states["numpy"].numpy().astype(np.uint32),
+            pos,
+            has_gauss,
+            float(states["numpy_gauss"][0]),
+        )
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -119,7 +131,10 @@ def _files(folder: Path) -> list[Path]:
 
 
 def _write_manifest(folder: Path) -> None:
-    files = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(folder)}
+    files = {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in _files(folder)
+    }
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
 
 
@@ -133,7 +148,9 @@ def checkpoint_problem(path: Path) -> str | None:
         return "state.json is not JSON"
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
-        return "manifest.json is missing" if state.get("format") else None  # older checkpoints carry no checksums
+        return (
+            "manifest.json is missing" if state.get("format") else None
+        )  # older checkpoints carry no checksums
     try:
         files = json.loads(manifest_path.read_text())["files"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
@@ -151,7 +168,11 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def _prune(folder: Path, keep: int) -> None:
-    done = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp"))
+    done = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
+    )
     for old in done[:-keep]:
         shutil.rmtree(old)
 
@@ -162,7 +183,14 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return None
-    found = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")), reverse=True)
+    found = sorted(
+        (
+            p
+            for p in folder.iterdir()
+            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
+        ),
+        reverse=True,
+    )
     skipped: list[tuple[Path, str]] = []
     for path in found:
         problem = checkpoint_problem(path)
@@ -186,8 +214,13 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
     try:
         result = set_peft_model_state_dict(model, adapter)
     except RuntimeError as exc:  # shapes differ: another lora.rank or base model
-        detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc).splitlines()[0])
-        raise CheckpointError(f"{path}: the adapter does not fit this run (lora.rank or model.base_model changed?): {detail}") from None
+        detail = next(
+            (line.strip() for line in str(exc).splitlines() if "size mismatch" in line),
+            str(exc).splitlines()[0],
+        )
+        raise CheckpointError(
+            f"{path}: the adapter does not fit this run (lora.rank or model.base_model changed?): {detail}"
+        ) from None
     missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
     unexpected = list(getattr(result, "unexpected_keys", []))
     if missing or unexpected:
@@ -209,7 +242,9 @@ def _load_tensors(file: Path, legacy_numpy: bool = False):
     `legacy_numpy` also admits numpy arrays (rebuilt from their bytes), which older checkpoints hold."""
     import pickle
 
-    allowed = [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))] if legacy_numpy else []
+    allowed = (
+        [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))] if legacy_numpy else []
+    )
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(file, weights_only=True)

@@ -82,7 +82,7 @@ class MixtureStream:
         out = []
         for i in self._draw(k):
             member = self.mixture.members[i]
-            (index, scenario), = self._streams[i].take(1)
+            ((index, scenario),) = self._streams[i].take(1)
             out.append((index, {**scenario, TASK_KEY: member.name}))
         return out
 

@@ -113,16 +113,26 @@ async def run(
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
         policy = build_policy(config)
         app = create_app(policy)
-        closing.callback(app.state.scheduler.close)  # an exit while its thread is inside torch aborts the process
+        closing.callback(
+            app.state.scheduler.close
+        )  # an exit while its thread is inside torch aborts the process
         client = inprocess_client(app)
         closing.push_async_callback(client.close)
         r = config.rollout
-        handle = ModelHandle(client, policy.served_name, r.temperature, r.top_p, r.max_tokens, seed=config.seed)
+        handle = ModelHandle(
+            client, policy.served_name, r.temperature, r.top_p, r.max_tokens, seed=config.seed
+        )
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+        optimizer = adamw(
+            params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
+        )
         loss = run_loss(config)  # [algorithm], configured once
-        stream = train_stream(task, config.seed)  # ScenarioStream; per-task streams drawn by weight for a mixture
-        rollouts = start_rollouts(config.rollout, task.rollout, policy)  # in this process, or Ray actors over HTTP
+        stream = train_stream(
+            task, config.seed
+        )  # ScenarioStream; per-task streams drawn by weight for a mixture
+        rollouts = start_rollouts(
+            config.rollout, task.rollout, policy
+        )  # in this process, or Ray actors over HTTP
         closing.callback(rollouts.close)
 
         # continue the checkpoint, or start afresh; the folder changes only now
@@ -152,10 +162,16 @@ async def run(
             # rollouts: groups of `group_size` on the next scenarios, rewards set by the task
             picked = stream.take(config.rollout.groups_per_step)
             groups = await gather(
-                rollouts.rollout, handle, [s for _, s in picked], config.rollout.group_size,
-                concurrency=config.rollout.concurrency, max_failure_fraction=config.rollout.max_failure_fraction,
-                progress=config.logging.progress, description=f"step {step} rollouts", seed_key=(step,),
-            )  # fmt: skip
+                rollouts.rollout,
+                handle,
+                [s for _, s in picked],
+                config.rollout.group_size,
+                concurrency=config.rollout.concurrency,
+                max_failure_fraction=config.rollout.max_failure_fraction,
+                progress=config.logging.progress,
+                description=f"step {step} rollouts",
+                seed_key=(step,),
+            )
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates
             score_metrics = _as_metrics(await score(groups)) if score is not None else {}
@@ -167,11 +183,21 @@ async def run(
             policy.adapters.bump()
             t_train = time.perf_counter()
 
-            metrics: dict[str, Any] = {"step": step, **_reward_stats(groups), **task_metrics(groups), **score_metrics, **seq_stats, **train_stats}
+            metrics: dict[str, Any] = {
+                "step": step,
+                **_reward_stats(groups),
+                **task_metrics(groups),
+                **score_metrics,
+                **seq_stats,
+                **train_stats,
+            }
             metrics.update(
-                lr=config.optim.lr, adapter_version=policy.adapters.version, seconds_rollout=t_rollout - t0,
-                seconds_score=t_score - t_rollout, seconds_train=t_train - t_score,
-            )  # fmt: skip
+                lr=config.optim.lr,
+                adapter_version=policy.adapters.version,
+                seconds_rollout=t_rollout - t0,
+                seconds_score=t_score - t_rollout,
+                seconds_train=t_train - t_score,
+            )
             if config.validation.every and step % config.validation.every == 0 or step == config.steps:
                 val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout, score)
                 metrics.update(val_metrics)
@@ -186,13 +212,32 @@ async def run(
             if step % config.logging.samples_every == 0:
                 log.samples(step, groups)
             if step % config.logging.checkpoint_every == 0 or step == config.steps:
-                save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
+                save_checkpoint(
+                    run_dir,
+                    state,
+                    policy.model,
+                    optimizer,
+                    policy.generator,
+                    config_toml,
+                    config.logging.keep_checkpoints,
+                )
             log.plot()
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
             if watch is not None and watch.should_pause:
-                save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
-                print(f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume", flush=True)
+                save_checkpoint(
+                    run_dir,
+                    state,
+                    policy.model,
+                    optimizer,
+                    policy.generator,
+                    config_toml,
+                    config.logging.keep_checkpoints,
+                )
+                print(
+                    f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume",
+                    flush=True,
+                )
                 break
         bar.close()
         write_report(run_dir)
@@ -210,7 +255,11 @@ def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path 
 
 
 async def validate(
-    task: Task, handle: ModelHandle, config: RunConfig, step: int, rollout: RolloutFn | None = None,
+    task: Task,
+    handle: ModelHandle,
+    config: RunConfig,
+    step: int,
+    rollout: RolloutFn | None = None,
     score: GroupScorer | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """`rollout` runs each validation rollout (default: the task's own, in this process).
@@ -220,12 +269,25 @@ async def validate(
     as judge coverage, are logged under val/ too).
     """
     scenarios = task.scenarios("validation")[: config.validation.scenarios]
-    val_handle = ModelHandle(handle.client, handle.name, config.validation.temperature, 1.0, handle.max_tokens, seed=config.seed + 1)
+    val_handle = ModelHandle(
+        handle.client,
+        handle.name,
+        config.validation.temperature,
+        1.0,
+        handle.max_tokens,
+        seed=config.seed + 1,
+    )
     groups = await gather(
-        rollout or task.rollout, val_handle, scenarios, config.validation.samples, concurrency=config.rollout.concurrency,
-        max_failure_fraction=1.0, progress=config.logging.progress, description=f"validation @ {step}",
+        rollout or task.rollout,
+        val_handle,
+        scenarios,
+        config.validation.samples,
+        concurrency=config.rollout.concurrency,
+        max_failure_fraction=1.0,
+        progress=config.logging.progress,
+        description=f"validation @ {step}",
         seed_key=(step,),
-    )  # fmt: skip
+    )
     scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
     return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
 
@@ -235,7 +297,9 @@ def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, 
     rewards = [t.reward for t in trajs]
     out: dict[str, float] = {
         f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs) if trajs else float("nan"),
+        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
+        if trajs
+        else float("nan"),
     }
     if not prefix:
         out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
@@ -258,12 +322,16 @@ class _WatchObserver:
     def should_pause(self) -> bool:
         return self.watch.should_pause
 
-    def observe_step(self, step: int, metrics: dict[str, Any], groups: list[TrajectoryGroup]) -> dict[str, Any]:
+    def observe_step(
+        self, step: int, metrics: dict[str, Any], groups: list[TrajectoryGroup]
+    ) -> dict[str, Any]:
         self.watch.observe(step, metrics, groups)
         return dict(self.watch.stats)
 
 
-def _start_watch(config: RunConfig, log: RunLog, given: Watch | None, resumed_at: int | None) -> _WatchObserver | None:
+def _start_watch(
+    config: RunConfig, log: RunLog, given: Watch | None, resumed_at: int | None
+) -> _WatchObserver | None:
     """The run's watch (`given`, else the one `config.watch` describes, if enabled); on a resumed
     run the detectors first judge the steps so far again, to rebuild their history."""
     if given is not None:
@@ -298,15 +366,29 @@ def _as_metrics(result: Any) -> dict[str, float]:
 
 def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
     """Every turn sampled this step must come from the adapter the trainer is about to update."""
-    stale = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns if t.adapter_version not in (None, version)}
+    stale = {
+        t.adapter_version
+        for g in groups
+        for tr in g.ok
+        for t in tr.turns
+        if t.adapter_version not in (None, version)
+    }
     if stale:
-        raise RuntimeError(f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}")
+        raise RuntimeError(
+            f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}"
+        )
 
 
 def _step_bar(config: RunConfig, start: int):
     from tqdm.auto import tqdm
 
-    return tqdm(total=config.steps, initial=start, desc=config.name, disable=not config.logging.progress, dynamic_ncols=True)
+    return tqdm(
+        total=config.steps,
+        initial=start,
+        desc=config.name,
+        disable=not config.logging.progress,
+        dynamic_ncols=True,
+    )
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -343,7 +425,9 @@ def _interrupted(run_dir: Path, steps: int) -> RunInterrupted:
     if checkpoint is None:
         return RunInterrupted(f"interrupted after step {done} of {steps}, before the first checkpoint", None)
     step = int(json.loads((checkpoint / "state.json").read_text())["step"])
-    return RunInterrupted(f"interrupted after step {done} of {steps}; the last checkpoint is step {step} ({checkpoint})", step)
+    return RunInterrupted(
+        f"interrupted after step {done} of {steps}; the last checkpoint is step {step} ({checkpoint})", step
+    )
 
 
 def _say(line: str) -> None:

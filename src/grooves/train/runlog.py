@@ -35,8 +35,15 @@ from grooves.jsonl import read_jsonl, write_jsonl, write_models
 
 LOCK_FILE = ".lock"
 RUN_OUTPUTS = (
-    "checkpoints", "samples", "inspect", "metrics.jsonl", "reward_curve.png", "findings.jsonl", "watch.jsonl", "report.html",
-)  # fmt: skip
+    "checkpoints",
+    "samples",
+    "inspect",
+    "metrics.jsonl",
+    "reward_curve.png",
+    "findings.jsonl",
+    "watch.jsonl",
+    "report.html",
+)
 """What a run writes into its folder, apart from config.toml (rewritten at each start) and the lock."""
 
 
@@ -76,9 +83,13 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse a start that would mix two runs: a folder with checkpoints needs `resume` (continue
     them) or `overwrite` (replace them); `resume` needs checkpoints. Changes nothing."""
     if resume and overwrite:
-        raise RunFolderError("--resume continues the run in the folder and --overwrite deletes it; pass one of them")
+        raise RunFolderError(
+            "--resume continues the run in the folder and --overwrite deletes it; pass one of them"
+        )
     folder = run_dir / "checkpoints"
-    kept = sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")) if folder.is_dir() else []  # .tmp: never finished
+    kept = (
+        sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")) if folder.is_dir() else []
+    )  # .tmp: never finished
     if resume and not kept:
         raise RunFolderError(f"--resume: no checkpoint in {folder}; start without --resume")
     if kept and not resume and not overwrite:
@@ -141,11 +152,30 @@ class RunLog:
             steps = [r["step"] for r in train]
             mean = [r["reward_mean"] for r in train]
             std = [r.get("reward_std") or 0.0 for r in train]
-            ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.08, color="C0", label="train reward ± std")
+            ax.fill_between(
+                steps,
+                [m - s for m, s in zip(mean, std, strict=True)],
+                [m + s for m, s in zip(mean, std, strict=True)],
+                alpha=0.08,
+                color="C0",
+                label="train reward ± std",
+            )
             ax.plot(steps, mean, color="C0", alpha=0.35, linewidth=1, label="train reward (step mean)")
-            ax.plot(steps, _moving_average(mean, 5), color="C0", linewidth=2, label="train reward (5-step average)")
+            ax.plot(
+                steps,
+                _moving_average(mean, 5),
+                color="C0",
+                linewidth=2,
+                label="train reward (5-step average)",
+            )
         if val:
-            ax.plot([r["step"] for r in val], [r["val/success_rate"] for r in val], "o-", label="validation success rate", color="C1")
+            ax.plot(
+                [r["step"] for r in val],
+                [r["val/success_rate"] for r in val],
+                "o-",
+                label="validation success rate",
+                color="C1",
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("reward / success")
         ax.set_ylim(-0.05, 1.05)

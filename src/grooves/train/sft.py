@@ -88,7 +88,9 @@ def read_chats(path: str | Path) -> list[dict[str, Any]]:
     return chats
 
 
-def chat_to_sequence(prompts: PromptState, messages: list[dict[str, Any]], tools=None, *, where: str = "chat") -> TrainSequence:
+def chat_to_sequence(
+    prompts: PromptState, messages: list[dict[str, Any]], tools=None, *, where: str = "chat"
+) -> TrainSequence:
     """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens.
 
     The text is the policy's own rendering (`PromptState.template_text` and `encode`, as the sampler
@@ -105,11 +107,15 @@ def chat_to_sequence(prompts: PromptState, messages: list[dict[str, Any]], tools
         prompt = prompts.template_text(messages[:k], tools, add_generation_prompt=True)
         upto = prompts.template_text(messages[: k + 1], tools, add_generation_prompt=False)
         if not prompt.startswith(consumed) or not upto.startswith(prompt):
-            raise ChatError(f"{where}, message {k}: the chat template rewrites earlier turns (not append-only); cannot mask it")
+            raise ChatError(
+                f"{where}, message {k}: the chat template rewrites earlier turns (not append-only); cannot mask it"
+            )
         found = {i: guard.find(upto, text, len(prompt)) for i, text in eos_texts.items()}
         ends = [(at, i) for i, at in found.items() if at >= 0]
         if not ends:
-            raise ChatError(f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it")
+            raise ChatError(
+                f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it"
+            )
         end, eos_id = min(ends)
         context, content = prompts.encode(prompt[len(consumed) :]), prompts.encode(upto[len(prompt) : end])
         prompt_len = len(ids) + len(context) if prompt_len is None else prompt_len
@@ -139,15 +145,26 @@ def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftCo
             nll_sum += float(-(lp.detach() * mask).sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
         optimizer.step()
-    return {"loss": nll_sum / max(num_tokens, 1), "assistant_tokens": float(num_tokens), "grad_norm": float(grad_norm), "micro_batches": float(len(batches))}
+    return {
+        "loss": nll_sum / max(num_tokens, 1),
+        "assistant_tokens": float(num_tokens),
+        "grad_norm": float(grad_norm),
+        "micro_batches": float(len(batches)),
+    }
 
 
 async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[str, float], list]:
     v = config.validation
     groups = await gather(
-        task.rollout, handle, task.scenarios("validation")[: v.scenarios], 1, max_failure_fraction=1.0,
-        progress=config.logging.progress, description=f"validation @ {step}", seed_key=(step,),
-    )  # fmt: skip
+        task.rollout,
+        handle,
+        task.scenarios("validation")[: v.scenarios],
+        1,
+        max_failure_fraction=1.0,
+        progress=config.logging.progress,
+        description=f"validation @ {step}",
+        seed_key=(step,),
+    )
     trajs = [t for g in groups for t in g.ok]
     nan = float("nan")
     return {
@@ -162,13 +179,18 @@ def _policy(config: SftConfig) -> Policy:
 
 def load_sequences(path: str | Path, policy: Policy) -> list[TrainSequence]:
     """The chats of a JSONL file as training sequences, rendered as `policy` renders prompts."""
-    return [chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path} chat {i}") for i, c in enumerate(read_chats(path))]
+    return [
+        chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path} chat {i}")
+        for i, c in enumerate(read_chats(path))
+    ]
 
 
 def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog) -> TrainState:
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if checkpoint is None and resume:
-        raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
+        raise FileNotFoundError(
+            f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume"
+        )
     state = TrainState(step=0, data_position=0)
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
@@ -182,7 +204,9 @@ def _validation_handle(config: SftConfig, policy):
     v = config.validation
     if not v.task:
         return None, None
-    handle = ModelHandle(inprocess_client(policy), policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1)
+    handle = ModelHandle(
+        inprocess_client(policy), policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1
+    )
     return load_task(v.task, v.task_options), handle
 
 
@@ -198,7 +222,9 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     policy = _policy(config)
     seqs = load_sequences(config.data, policy)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    optimizer = adamw(
+        params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
+    )
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
     steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
     state = _restore(run_dir, resume, policy, optimizer, stream, log)
@@ -207,11 +233,21 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         val, groups = await _validate(task, handle, config, 0)
         log.log({"step": 0, **val})
         log.samples(0, groups, name="validation")
-    bar = tqdm(total=steps, initial=state.step, desc=config.name, disable=not config.logging.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=steps,
+        initial=state.step,
+        desc=config.name,
+        disable=not config.logging.progress,
+        dynamic_ncols=True,
+    )
     while state.step < steps:
         step, t0 = state.step + 1, time.perf_counter()
         batch = [s for _, s in stream.take(config.batch_size)]
-        metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": config.optim.lr}
+        metrics: dict[str, Any] = {
+            "step": step,
+            **sft_step(policy, optimizer, batch, config),
+            "lr": config.optim.lr,
+        }
         policy.adapters.bump()
         if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
             val, groups = await _validate(task, handle, config, step)
@@ -221,7 +257,15 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         state = TrainState(step=step, data_position=stream.position)
         log.log(metrics)
         if step % config.logging.checkpoint_every == 0 or step == steps:
-            save_checkpoint(run_dir, state, policy.model, optimizer, policy.generator, config_toml, config.logging.keep_checkpoints)
+            save_checkpoint(
+                run_dir,
+                state,
+                policy.model,
+                optimizer,
+                policy.generator,
+                config_toml,
+                config.logging.keep_checkpoints,
+            )
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
     bar.close()

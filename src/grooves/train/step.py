@@ -26,11 +26,15 @@ from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
 
 
-def to_sequences(groups: list[TrajectoryGroup], config: RunConfig) -> tuple[list[TrainSequence], dict[str, float]]:
+def to_sequences(
+    groups: list[TrajectoryGroup], config: RunConfig
+) -> tuple[list[TrainSequence], dict[str, float]]:
     """Advantages per group, then trajectories -> training sequences (failed rollouts skipped)."""
     alg = config.algorithm
     ok_groups = [g for g in groups if len(g.ok) >= 2]
-    adv = group_advantages([g.rewards for g in ok_groups], alg.advantage, scale_by_std=alg.scale_by_std, std_floor=alg.std_floor)
+    adv = group_advantages(
+        [g.rewards for g in ok_groups], alg.advantage, scale_by_std=alg.scale_by_std, std_floor=alg.std_floor
+    )
     seqs: list[TrainSequence] = []
     breaks = 0
     used = []
@@ -53,7 +57,11 @@ def run_loss(config: RunConfig) -> Loss:
     """The run's loss, configured once: `[algorithm]`, with `rollout.max_tokens` and the step's
     rollout count (groups_per_step x group_size) for Dr. GRPO's constant."""
     r = config.rollout
-    return build_loss(config.algorithm, max_completion_tokens=r.max_tokens, rollouts_per_step=r.groups_per_step * r.group_size)
+    return build_loss(
+        config.algorithm,
+        max_completion_tokens=r.max_tokens,
+        rollouts_per_step=r.groups_per_step * r.group_size,
+    )
 
 
 @contextlib.contextmanager
@@ -93,7 +101,9 @@ _MAX_STATS = ("mismatch_abs_max",)
 weighted by each micro-batch's share of the step's sampled tokens."""
 
 
-def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss, opt: OptimConfig) -> dict[str, float]:
+def optimize(
+    policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss, opt: OptimConfig
+) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
 
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
@@ -102,7 +112,9 @@ def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss
     "stop" `NonFiniteStep` is raised.
     """
     batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
-    counts = StepCounts(num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs))  # the whole step's
+    counts = StepCounts(
+        num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
+    )  # the whole step's
     params = [p for p in policy.model.parameters() if p.requires_grad]
     totals: dict[str, float] = {}
     with gradient_step(policy, optimizer) as model:
@@ -113,11 +125,19 @@ def optimize(policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss
                 with torch.no_grad(), model.disable_adapter():
                     lp_ref, _ = _logprobs(model, batch, prefix_len)
             loss, stats = loss_fn(
-                lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.seq_ids, counts=counts, lp_ref=lp_ref
+                lp,
+                batch.old_logprobs,
+                batch.advantages,
+                batch.sampled_mask,
+                batch.seq_ids,
+                counts=counts,
+                lp_ref=lp_ref,
             )
             loss.backward()
             share = float(batch.sampled_mask.sum()) / max(counts.num_tokens, 1)
-            stats["token_entropy_mean"] = float(entropy[batch.sampled_mask].mean()) if batch.sampled_mask.any() else 0.0
+            stats["token_entropy_mean"] = (
+                float(entropy[batch.sampled_mask].mean()) if batch.sampled_mask.any() else 0.0
+            )
             stats["loss"] = float(loss.detach())
             _accumulate(totals, stats, share)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
@@ -147,7 +167,7 @@ def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None
     what = f"step {step}: loss {loss} and grad norm {grad_norm}, not finite; its update was not applied"
     if mode == "stop":
         raise NonFiniteStep(
-            f"{what} and the run stops (optim.on_nonfinite = \"stop\"); checkpoints hold only applied steps: "
+            f'{what} and the run stops (optim.on_nonfinite = "stop"); checkpoints hold only applied steps: '
             "--resume continues from the last one (--set optim.on_nonfinite=skip skips a step that fails again)"
         )
-    print(f"{what}; skipped (optim.on_nonfinite = \"skip\")", flush=True)
+    print(f'{what}; skipped (optim.on_nonfinite = "skip")', flush=True)

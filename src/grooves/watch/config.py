@@ -12,6 +12,12 @@ from grooves.config.watch import (
 )
 
 __all__ = [
-    "CheckDivergenceConfig", "CollapseConfig", "InputIndependenceConfig", "InspectConfig", "LengthDriftConfig",
-    "RewardJumpConfig", "Severity", "WatchConfig",
+    "CheckDivergenceConfig",
+    "CollapseConfig",
+    "InputIndependenceConfig",
+    "InspectConfig",
+    "LengthDriftConfig",
+    "RewardJumpConfig",
+    "Severity",
+    "WatchConfig",
 ]

@@ -70,7 +70,9 @@ class Watch:
     ) -> None:
         self.config = config or WatchConfig()
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.detectors: list[Detector] = default_detectors(self.config, embed, rescore) + list(extra_detectors)
+        self.detectors: list[Detector] = default_detectors(self.config, embed, rescore) + list(
+            extra_detectors
+        )
         self.findings: list[Finding] = []
         """Every finding raised so far (after the cooldown)."""
         self.stats: dict[str, float] = {}
@@ -105,7 +107,9 @@ class Watch:
                 print(finding, file=sys.stderr)
         return new
 
-    def resume(self, step: int, history: Iterable[tuple[int, Mapping[str, Any], Sequence[TrajectoryGroup]]]) -> int:
+    def resume(
+        self, step: int, history: Iterable[tuple[int, Mapping[str, Any], Sequence[TrajectoryGroup]]]
+    ) -> int:
         """Pick a run up after its checkpoint at `step`; returns how many steps were replayed.
 
         `history` is (step, metrics, groups) for the steps already trained, as `observe` saw them
@@ -131,7 +135,9 @@ class Watch:
     def _truncate_files_after(self, step: int) -> None:
         findings_path, stats_path = self.run_dir / "findings.jsonl", self.run_dir / "watch.jsonl"
         if findings_path.exists():
-            write_models(findings_path, [f for f in read_findings(findings_path) if f.step <= step], append=False)
+            write_models(
+                findings_path, [f for f in read_findings(findings_path) if f.step <= step], append=False
+            )
         if stats_path.exists():
             write_jsonl(stats_path, [r for r in read_jsonl(stats_path) if r.get("step", 0) <= step])
 

@@ -75,7 +75,9 @@ def pick_samples(
 def _cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return html.escape(text)
-    return html.escape(text[:limit]) + f'<span class="cut"> [\u2026 {len(text) - limit} more characters]</span>'
+    return (
+        html.escape(text[:limit]) + f'<span class="cut"> [\u2026 {len(text) - limit} more characters]</span>'
+    )
 
 
 def samples_html(samples: Sequence[Sample], max_chars: int = 1500) -> str:
@@ -89,7 +91,7 @@ def samples_html(samples: Sequence[Sample], max_chars: int = 1500) -> str:
         )
         rows.append(
             f'<tr class="sample {s.kind}"><td><span class="kind {s.kind}">{s.kind}</span></td>'
-            f"<td>{s.group}</td><td class=\"num\">{s.reward:.4g}</td><td>{signals}</td>"
+            f'<td>{s.group}</td><td class="num">{s.reward:.4g}</td><td>{signals}</td>'
             f'<td class="text input">{_cut(s.input, max_chars)}</td>'
             f'<td class="text output">{_cut(s.output, max_chars)}</td><td class="num">{s.tokens or "-"}</td></tr>'
         )
@@ -129,7 +131,7 @@ def page(title: str, body: str) -> str:
 
 
 def severity_badges(findings: Sequence[Finding]) -> str:
-    """"2 critical 1 warning" as coloured badges, or a plain "no findings"."""
+    """ "2 critical 1 warning" as coloured badges, or a plain "no findings"."""
     if not findings:
         return '<span class="muted">no findings</span>'
     counts = {s: sum(f.severity == s for f in findings) for s in ("critical", "warning", "info")}
@@ -163,13 +165,14 @@ def inspection_page(
 ) -> str:
     """The watch's page for one step: findings since the previous page, the step's watch statistics, samples."""
     cells = "".join(
-        f'<tr><td>{html.escape(k)}</td><td class="num">{v:.4g}</td></tr>' for k, v in sorted((stats or {}).items())
+        f'<tr><td>{html.escape(k)}</td><td class="num">{v:.4g}</td></tr>'
+        for k, v in sorted((stats or {}).items())
     )
     body = (
         f"<h1>Step {step}: sampled outputs</h1>"
         f'<p class="badges">{severity_badges(findings)}</p>'
         f"{findings_table(findings) if findings else ''}"
-        f'{"<h2>Watch statistics</h2><table class=stats>" + cells + "</table>" if cells else ""}'
+        f"{'<h2>Watch statistics</h2><table class=stats>' + cells + '</table>' if cells else ''}"
         "<h2>Best, worst and random outputs</h2>"
         '<p class="muted">Read the best ones first: a cheat scores highest.</p>'
         f"{samples_html(samples, max_chars)}"

@@ -36,20 +36,58 @@ SYSTEM = (
     "'1723 [D017]'."
 )
 
-_SYL = ["var", "nel", "holt", "kor", "mi", "ta", "dun", "bre", "sil", "ost", "ka", "ren", "lo", "vin",
-        "thar", "ew", "ash", "mor", "quen", "bal", "ith", "rho", "zen", "pell"]
+_SYL = [
+    "var",
+    "nel",
+    "holt",
+    "kor",
+    "mi",
+    "ta",
+    "dun",
+    "bre",
+    "sil",
+    "ost",
+    "ka",
+    "ren",
+    "lo",
+    "vin",
+    "thar",
+    "ew",
+    "ash",
+    "mor",
+    "quen",
+    "bal",
+    "ith",
+    "rho",
+    "zen",
+    "pell",
+]
 _REGIONS = ["Eastmarch", "the Lowfold", "Carrow Vale", "the Saltings", "Highmere", "the Tarn Basin"]
 _RIVERS = ["Ombre", "Kessel", "Lathe", "Vey", "Morrin", "Sable"]
 _TRADES = ["Textiles", "Ironworks", "Instruments", "Shipping", "Mills", "Foods", "Optics"]
 _HABITATS = ["reed beds", "pine forest", "sea cliffs", "upland moor", "river gorges", "salt marsh"]
 _BIRDS = ["Warbler", "Shrike", "Plover", "Finch", "Harrier", "Pipit"]
 _COLORS = ["Ashen", "Copper", "Dusky", "Amber", "Slate", "Ivory", "Rufous", "Sooty"]
-_PEOPLE = ["Ada Marsh", "Tomas Vell", "Irene Kord", "Piet Anwar", "Salome Rusk", "Yusuf Brant", "Greta Holm",
-           "Nikolai Fenn", "Odile Sarr", "Rafael Quist"]
-_FILLER = ["Its archives were catalogued in a later survey.", "Local records from the period are incomplete.",
-           "Visitors often remark on the weather.", "A small museum keeps related photographs.",
-           "The name appears in several older maps with different spellings.",
-           "Accounts from travellers vary in their details."]
+_PEOPLE = [
+    "Ada Marsh",
+    "Tomas Vell",
+    "Irene Kord",
+    "Piet Anwar",
+    "Salome Rusk",
+    "Yusuf Brant",
+    "Greta Holm",
+    "Nikolai Fenn",
+    "Odile Sarr",
+    "Rafael Quist",
+]
+_FILLER = [
+    "Its archives were catalogued in a later survey.",
+    "Local records from the period are incomplete.",
+    "Visitors often remark on the weather.",
+    "A small museum keeps related photographs.",
+    "The name appears in several older maps with different spellings.",
+    "Accounts from travellers vary in their details.",
+]
 
 _SCHEMA = """
 CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL);
@@ -76,16 +114,38 @@ def entities(seed: int) -> dict[str, list[dict[str, Any]]]:
     """The invented world: 50 towns, 40 companies (some named after towns), 36 birds."""
     rng = random.Random(f"corpus_search:{seed}")
     names = _names(rng, 90)
-    towns = [{"name": n, "founded": rng.randint(1200, 1900), "population": rng.randrange(800, 90000, 10),
-              "region": rng.choice(_REGIONS), "river": rng.choice(_RIVERS)} for n in names[:50]]
+    towns = [
+        {
+            "name": n,
+            "founded": rng.randint(1200, 1900),
+            "population": rng.randrange(800, 90000, 10),
+            "region": rng.choice(_REGIONS),
+            "river": rng.choice(_RIVERS),
+        }
+        for n in names[:50]
+    ]
     companies = []
     for i, n in enumerate(names[50:90]):
         base = towns[i]["name"] if i < 20 else n  # half borrow a town's name: the look-alikes
-        companies.append({"name": f"{base} {rng.choice(_TRADES)}", "founded": rng.randint(1780, 2010),
-                          "founder": rng.choice(_PEOPLE), "hq": rng.choice(towns)["name"],
-                          "employees": rng.randrange(40, 20000, 10)})
-    birds = [{"name": f"{c} {b}", "wingspan_cm": rng.randint(14, 120), "habitat": rng.choice(_HABITATS),
-              "described": rng.randint(1750, 1990)} for c in _COLORS for b in _BIRDS]
+        companies.append(
+            {
+                "name": f"{base} {rng.choice(_TRADES)}",
+                "founded": rng.randint(1780, 2010),
+                "founder": rng.choice(_PEOPLE),
+                "hq": rng.choice(towns)["name"],
+                "employees": rng.randrange(40, 20000, 10),
+            }
+        )
+    birds = [
+        {
+            "name": f"{c} {b}",
+            "wingspan_cm": rng.randint(14, 120),
+            "habitat": rng.choice(_HABITATS),
+            "described": rng.randint(1750, 1990),
+        }
+        for c in _COLORS
+        for b in _BIRDS
+    ]
     return {"towns": towns, "companies": companies, "birds": rng.sample(birds, 36)}
 
 
@@ -94,17 +154,38 @@ def build_seed(conn: sqlite3.Connection, seed: int) -> None:
     world = entities(seed)
     docs = []
     for t in world["towns"]:
-        docs.append((t["name"], [f"{t['name']} is a town in {t['region']} on the river {t['river']}.",
-                                 f"{t['name']} was founded in {t['founded']}.",
-                                 f"The town has a population of {t['population']:,}."]))
+        docs.append(
+            (
+                t["name"],
+                [
+                    f"{t['name']} is a town in {t['region']} on the river {t['river']}.",
+                    f"{t['name']} was founded in {t['founded']}.",
+                    f"The town has a population of {t['population']:,}.",
+                ],
+            )
+        )
     for c in world["companies"]:
-        docs.append((c["name"], [f"{c['name']} is a company headquartered in {c['hq']}.",
-                                 f"It was founded in {c['founded']} by {c['founder']}.",
-                                 f"{c['name']} employs {c['employees']:,} people."]))
+        docs.append(
+            (
+                c["name"],
+                [
+                    f"{c['name']} is a company headquartered in {c['hq']}.",
+                    f"It was founded in {c['founded']} by {c['founder']}.",
+                    f"{c['name']} employs {c['employees']:,} people.",
+                ],
+            )
+        )
     for b in world["birds"]:
-        docs.append((f"{b['name']} (bird)", [f"The {b['name']} is a bird of {b['habitat']}.",
-                                            f"It was first described in {b['described']}.",
-                                            f"Its wingspan is about {b['wingspan_cm']} cm."]))
+        docs.append(
+            (
+                f"{b['name']} (bird)",
+                [
+                    f"The {b['name']} is a bird of {b['habitat']}.",
+                    f"It was first described in {b['described']}.",
+                    f"Its wingspan is about {b['wingspan_cm']} cm.",
+                ],
+            )
+        )
     rng.shuffle(docs)
     rows = [(f"D{i:03d}", title, _document(rng, facts)) for i, (title, facts) in enumerate(docs, 1)]
     conn.executescript(_SCHEMA)
@@ -114,8 +195,31 @@ def build_seed(conn: sqlite3.Connection, seed: int) -> None:
 
 # ---- tools -------------------------------------------------------------------------------------
 
-_STOP = {"the", "a", "an", "of", "in", "is", "was", "what", "which", "who", "how", "many", "by", "and", "to", "does",
-         "did", "it", "its", "for", "on", "at", "where"}
+_STOP = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "in",
+    "is",
+    "was",
+    "what",
+    "which",
+    "who",
+    "how",
+    "many",
+    "by",
+    "and",
+    "to",
+    "does",
+    "did",
+    "it",
+    "its",
+    "for",
+    "on",
+    "at",
+    "where",
+}
 
 
 def fts_query(text: str) -> str:
@@ -135,15 +239,20 @@ def _search(ctx: ToolContext, a: dict[str, Any]) -> Any:
     match = fts_query(a["query"])
     if not match:
         raise ToolError("the query has no searchable words")
-    rows = ctx.state.query("SELECT doc_id, title, body, -bm25(docs_fts) AS score FROM docs_fts "
-                           "WHERE docs_fts MATCH ? ORDER BY score DESC LIMIT 30", (match,))
+    rows = ctx.state.query(
+        "SELECT doc_id, title, body, -bm25(docs_fts) AS score FROM docs_fts "
+        "WHERE docs_fts MATCH ? ORDER BY score DESC LIMIT 30",
+        (match,),
+    )
     rng = ctx.rng(a["query"])
     for r in rows:
         r["score"] *= math.exp(rng.gauss(0.0, RANK_NOISE_SIGMA))
     rows.sort(key=lambda r: -r["score"])
     terms = set(match.replace('"', "").split(" OR "))
-    results = [{"doc_id": r["doc_id"], "title": r["title"], "snippet": _snippet(r["body"], terms)}
-               for r in rows[: a.get("k", 5)]]
+    results = [
+        {"doc_id": r["doc_id"], "title": r["title"], "snippet": _snippet(r["body"], terms)}
+        for r in rows[: a.get("k", 5)]
+    ]
     return {"results": results}
 
 
@@ -158,19 +267,34 @@ def _read(ctx: ToolContext, a: dict[str, Any]) -> Any:
     if doc is None:
         raise ToolError(f"no document {a['doc_id']!r}")
     start = a.get("offset", 0)
-    page = doc["body"][start:start + PAGE_CHARS]
+    page = doc["body"][start : start + PAGE_CHARS]
     end = start + len(page)
-    return {"doc_id": doc["id"], "title": doc["title"], "text": page,
-            "next_offset": end if end < len(doc["body"]) else None}
+    return {
+        "doc_id": doc["id"],
+        "title": doc["title"],
+        "text": page,
+        "next_offset": end if end < len(doc["body"]) else None,
+    }
 
 
 TOOLS = [
-    Tool("search", "Search the documents; returns ids, titles and short snippets, best first (roughly).",
-         obj({"query": string("search words", 200), "k": integer("how many results", 1, 8)}, ["query"]),
-         _search, latency_s=1.5),
-    Tool("read", f"Read {PAGE_CHARS} characters of a document from an offset.",
-         obj({"doc_id": string("document id, e.g. D017", 6), "offset": integer("character offset", 0, 100000)},
-             ["doc_id"]), _read, latency_s=1.0),
+    Tool(
+        "search",
+        "Search the documents; returns ids, titles and short snippets, best first (roughly).",
+        obj({"query": string("search words", 200), "k": integer("how many results", 1, 8)}, ["query"]),
+        _search,
+        latency_s=1.5,
+    ),
+    Tool(
+        "read",
+        f"Read {PAGE_CHARS} characters of a document from an offset.",
+        obj(
+            {"doc_id": string("document id, e.g. D017", 6), "offset": integer("character offset", 0, 100000)},
+            ["doc_id"],
+        ),
+        _read,
+        latency_s=1.0,
+    ),
 ]
 
 # ---- scenarios ---------------------------------------------------------------------------------
@@ -184,13 +308,24 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
     towns = {t["name"]: t for t in world["towns"]}
     out: list[Scenario] = []
     for _ in range(count):
-        kind = rng.choice(["town_founded", "town_population", "company_founder", "company_hq", "bird_wingspan",
-                           "hq_population"])
+        kind = rng.choice(
+            [
+                "town_founded",
+                "town_population",
+                "company_founder",
+                "company_hq",
+                "bird_wingspan",
+                "hq_population",
+            ]
+        )
         if kind.startswith("town"):
             t = rng.choice(world["towns"])
             field = kind.split("_")[1]
-            q = (f"In what year was the town of {t['name']} founded?" if field == "founded"
-                 else f"What is the population of the town of {t['name']}?")
+            q = (
+                f"In what year was the town of {t['name']} founded?"
+                if field == "founded"
+                else f"What is the population of the town of {t['name']}?"
+            )
             # Look-alikes: companies named after this town, whose founding years and staff differ.
             alike = [c for c in world["companies"] if c["name"].startswith(t["name"] + " ")]
             wrong = [c["founded"] if field == "founded" else c["employees"] for c in alike]
@@ -207,12 +342,21 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
         elif kind == "bird_wingspan":
             b = rng.choice(world["birds"])
             q = f"What is the wingspan of the {b['name']}, in centimetres?"
-            exp = {"answer": b["wingspan_cm"], "doc_id": doc_of[f"{b['name']} (bird)"], "wrong": [b["described"]]}
+            exp = {
+                "answer": b["wingspan_cm"],
+                "doc_id": doc_of[f"{b['name']} (bird)"],
+                "wrong": [b["described"]],
+            }
         else:
             c = rng.choice(world["companies"])
             t = towns[c["hq"]]
             q = f"What is the population of the town where {c['name']} is headquartered?"
-            exp = {"answer": t["population"], "doc_id": doc_of[t["name"]], "wrong": [c["employees"]], "via": doc_of[c["name"]]}
+            exp = {
+                "answer": t["population"],
+                "doc_id": doc_of[t["name"]],
+                "wrong": [c["employees"]],
+                "via": doc_of[c["name"]],
+            }
         out.append({"prompt": q, "expected": {"kind": kind, **exp}})
     return assign_splits("corpus_search", out)
 
@@ -235,7 +379,11 @@ def grade(g: GradeInput) -> Grade:
         correct = mentions(answer, value) and not mentions_any(answer, exp["wrong"])
     cited = mentions(answer, exp["doc_id"])
     spent = g.state.conn.execute("SELECT value FROM _episode WHERE key = 'budget_exhausted'").fetchone()
-    parts = {"correct": float(correct), "cited": float(cited), "within_budget": float(not (spent and spent[0]))}
+    parts = {
+        "correct": float(correct),
+        "cited": float(cited),
+        "within_budget": float(not (spent and spent[0])),
+    }
     notes = [] if correct else [f"expected {value!r}"]
     return Grade(score=parts["correct"] * (0.8 + 0.2 * parts["cited"]), parts=parts, notes=notes)
 

@@ -19,8 +19,16 @@ from grooves.envs.sqlite import Call, GradeInput, Solver, TaskSpec, assign_split
 from grooves.envs.state import changed_keys
 from grooves.envs.tools import Tool, ToolContext, ToolError, integer, obj, string
 
-AIRPORTS = {"BOS": "Boston", "DEN": "Denver", "SFO": "San Francisco", "ORD": "Chicago", "SEA": "Seattle",
-            "AUS": "Austin", "JFK": "New York", "MIA": "Miami"}
+AIRPORTS = {
+    "BOS": "Boston",
+    "DEN": "Denver",
+    "SFO": "San Francisco",
+    "ORD": "Chicago",
+    "SEA": "Seattle",
+    "AUS": "Austin",
+    "JFK": "New York",
+    "MIA": "Miami",
+}
 CHANGE_FEE_CENTS = {"basic": None, "standard": 7500, "flex": 0}
 DAYS = range(1, 15)
 
@@ -66,16 +74,35 @@ def build_seed(conn: sqlite3.Connection, seed: int) -> None:
                 fare = rng.choice(list(CHANGE_FEE_CENTS))
                 price = rng.randrange(9000, 60000, 500) + {"basic": 0, "standard": 4000, "flex": 12000}[fare]
                 seats = rng.choice([0, 1, 2, 4, 7, 9])
-                flights.append((f"GR{n}", origin, dest, day, f"{dep:02d}:{rng.choice(['00', '30'])}",
-                                f"{(dep + hours) % 24:02d}:15", fare, price, seats))
+                flights.append(
+                    (
+                        f"GR{n}",
+                        origin,
+                        dest,
+                        day,
+                        f"{dep:02d}:{rng.choice(['00', '30'])}",
+                        f"{(dep + hours) % 24:02d}:15",
+                        fare,
+                        price,
+                        seats,
+                    )
+                )
     conn.executemany("INSERT INTO flights VALUES (?,?,?,?,?,?,?,?,?)", flights)
     people = [(f"PS{i:03d}", f"{rng.choice(_FIRST)} {rng.choice(_LAST)}") for i in range(1, 81)]
-    conn.executemany("INSERT INTO passengers VALUES (?,?,?)",
-                     [(pid, nm, f"{nm.lower().replace(' ', '.')}.{pid[2:]}@example.com") for pid, nm in people])
+    conn.executemany(
+        "INSERT INTO passengers VALUES (?,?,?)",
+        [(pid, nm, f"{nm.lower().replace(' ', '.')}.{pid[2:]}@example.com") for pid, nm in people],
+    )
     for i in range(1001, 1151):
         flight = rng.choice(flights)
-        conn.execute("INSERT INTO bookings VALUES (?,?,?,?,?)", (f"BK{i}", rng.choice(people)[0], flight[0], "booked", flight[7]))
-        conn.execute("INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)", (f"BK{i}", flight[7], "fare"))
+        conn.execute(
+            "INSERT INTO bookings VALUES (?,?,?,?,?)",
+            (f"BK{i}", rng.choice(people)[0], flight[0], "booked", flight[7]),
+        )
+        conn.execute(
+            "INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)",
+            (f"BK{i}", flight[7], "fare"),
+        )
 
 
 def change_cost(fare_class: str, fare_paid: int, new_price: int) -> int | None:
@@ -95,8 +122,11 @@ def _flight(ctx: ToolContext, flight_id: str) -> dict[str, Any]:
 
 
 def _booking(ctx: ToolContext, booking_id: str) -> dict[str, Any]:
-    row = ctx.state.one("""SELECT b.*, f.origin, f.destination, f.day, f.depart, f.fare_class FROM bookings b
-                           JOIN flights f ON f.id = b.flight_id WHERE b.id = ?""", (booking_id.strip().upper(),))
+    row = ctx.state.one(
+        """SELECT b.*, f.origin, f.destination, f.day, f.depart, f.fare_class FROM bookings b
+                           JOIN flights f ON f.id = b.flight_id WHERE b.id = ?""",
+        (booking_id.strip().upper(),),
+    )
     if row is None:
         raise ToolError(f"no booking {booking_id!r}")
     return row
@@ -112,8 +142,10 @@ def _airports(ctx: ToolContext, a: dict[str, Any]) -> Any:
 
 
 def _search(ctx: ToolContext, a: dict[str, Any]) -> Any:
-    rows = ctx.state.query("SELECT * FROM flights WHERE origin = ? AND destination = ? AND day = ? ORDER BY depart",
-                           (a["origin"].upper(), a["destination"].upper(), a["day"]))
+    rows = ctx.state.query(
+        "SELECT * FROM flights WHERE origin = ? AND destination = ? AND day = ? ORDER BY depart",
+        (a["origin"].upper(), a["destination"].upper(), a["day"]),
+    )
     return {"flights": [_show(r) for r in rows]}
 
 
@@ -121,7 +153,9 @@ def _passenger(ctx: ToolContext, a: dict[str, Any]) -> Any:
     row = ctx.state.one("SELECT * FROM passengers WHERE email = ?", (a["email"].strip().lower(),))
     if row is None:
         raise ToolError(f"no passenger with email {a['email']!r}")
-    row["bookings"] = [r["id"] for r in ctx.state.query("SELECT id FROM bookings WHERE passenger_id = ?", (row["id"],))]
+    row["bookings"] = [
+        r["id"] for r in ctx.state.query("SELECT id FROM bookings WHERE passenger_id = ?", (row["id"],))
+    ]
     return row
 
 
@@ -138,8 +172,10 @@ def _hold(ctx: ToolContext, a: dict[str, Any]) -> Any:
     with ctx.state.conn:
         n = ctx.state.conn.execute("SELECT count(*) FROM bookings").fetchone()[0]
         bid = f"BK{1001 + n}"
-        ctx.state.conn.execute("INSERT INTO bookings VALUES (?,?,?,?,?)",
-                               (bid, a["passenger_id"], flight["id"], "held", flight["price_cents"]))
+        ctx.state.conn.execute(
+            "INSERT INTO bookings VALUES (?,?,?,?,?)",
+            (bid, a["passenger_id"], flight["id"], "held", flight["price_cents"]),
+        )
         ctx.state.conn.execute("UPDATE flights SET seats_left = seats_left - 1 WHERE id = ?", (flight["id"],))
     return {"held": bid, "flight_id": flight["id"], "fare": money(flight["price_cents"])}
 
@@ -155,8 +191,10 @@ def _confirm(ctx: ToolContext, a: dict[str, Any]) -> Any:
     b = _held(ctx, a["booking_id"])
     with ctx.state.conn:
         ctx.state.conn.execute("UPDATE bookings SET status = 'booked' WHERE id = ?", (b["id"],))
-        ctx.state.conn.execute("INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)",
-                               (b["id"], b["fare_paid_cents"], "fare"))
+        ctx.state.conn.execute(
+            "INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)",
+            (b["id"], b["fare_paid_cents"], "fare"),
+        )
     return {"booked": b["id"], "charged": money(b["fare_paid_cents"])}
 
 
@@ -164,7 +202,9 @@ def _release(ctx: ToolContext, a: dict[str, Any]) -> Any:
     b = _held(ctx, a["booking_id"])
     with ctx.state.conn:
         ctx.state.conn.execute("UPDATE bookings SET status = 'released' WHERE id = ?", (b["id"],))
-        ctx.state.conn.execute("UPDATE flights SET seats_left = seats_left + 1 WHERE id = ?", (b["flight_id"],))
+        ctx.state.conn.execute(
+            "UPDATE flights SET seats_left = seats_left + 1 WHERE id = ?", (b["flight_id"],)
+        )
     return {"released": b["id"]}
 
 
@@ -190,12 +230,17 @@ def _quote(ctx: ToolContext, a: dict[str, Any]) -> Any:
 def _change(ctx: ToolContext, a: dict[str, Any]) -> Any:
     b, f, cost = _quote_or_fail(ctx, a)
     with ctx.state.conn:
-        ctx.state.conn.execute("UPDATE bookings SET flight_id = ?, fare_paid_cents = max(fare_paid_cents, ?) WHERE id = ?",
-                               (f["id"], f["price_cents"], b["id"]))
-        ctx.state.conn.execute("UPDATE flights SET seats_left = seats_left + 1 WHERE id = ?", (b["flight_id"],))
+        ctx.state.conn.execute(
+            "UPDATE bookings SET flight_id = ?, fare_paid_cents = max(fare_paid_cents, ?) WHERE id = ?",
+            (f["id"], f["price_cents"], b["id"]),
+        )
+        ctx.state.conn.execute(
+            "UPDATE flights SET seats_left = seats_left + 1 WHERE id = ?", (b["flight_id"],)
+        )
         ctx.state.conn.execute("UPDATE flights SET seats_left = seats_left - 1 WHERE id = ?", (f["id"],))
-        ctx.state.conn.execute("INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)",
-                               (b["id"], cost, "change"))
+        ctx.state.conn.execute(
+            "INSERT INTO charges (booking_id, amount_cents, what) VALUES (?,?,?)", (b["id"], cost, "change")
+        )
     return {"changed": b["id"], "new_flight_id": f["id"], "charged": money(cost)}
 
 
@@ -204,29 +249,59 @@ _NEW = {"new_flight_id": string("flight id, e.g. GR245", 8)}
 _CODE = string("airport code", 3)
 TOOLS = [
     Tool("list_airports", "All airports with their cities.", obj({}), _airports, latency_s=0.1),
-    Tool("search_flights", "Flights on a route and day, by departure time.",
-         obj({"origin": _CODE, "destination": _CODE, "day": integer("day number", 1, 14)},
-             ["origin", "destination", "day"]), _search, latency_s=0.8),
-    Tool("find_passenger", "A passenger by email, with their booking ids.",
-         obj({"email": string("email", 120)}, ["email"]), _passenger),
+    Tool(
+        "search_flights",
+        "Flights on a route and day, by departure time.",
+        obj(
+            {"origin": _CODE, "destination": _CODE, "day": integer("day number", 1, 14)},
+            ["origin", "destination", "day"],
+        ),
+        _search,
+        latency_s=0.8,
+    ),
+    Tool(
+        "find_passenger",
+        "A passenger by email, with their booking ids.",
+        obj({"email": string("email", 120)}, ["email"]),
+        _passenger,
+    ),
     Tool("get_booking", "A booking with its flight and fare class.", obj(_BK, ["booking_id"]), _get_booking),
-    Tool("hold_seat", "Hold a seat on a flight for a passenger (not paid until confirmed).",
-         obj({"flight_id": string("flight id", 8), "passenger_id": string("passenger id, e.g. PS007", 6)},
-             ["flight_id", "passenger_id"]), _hold, latency_s=0.5),
+    Tool(
+        "hold_seat",
+        "Hold a seat on a flight for a passenger (not paid until confirmed).",
+        obj(
+            {"flight_id": string("flight id", 8), "passenger_id": string("passenger id, e.g. PS007", 6)},
+            ["flight_id", "passenger_id"],
+        ),
+        _hold,
+        latency_s=0.5,
+    ),
     Tool("confirm_booking", "Pay for a held seat.", obj(_BK, ["booking_id"]), _confirm, latency_s=0.5),
     Tool("release_hold", "Give up a held seat.", obj(_BK, ["booking_id"]), _release),
-    Tool("quote_change", "What moving a booking to another flight would cost.", obj(_BK | _NEW, list(_BK | _NEW)),
-         _quote),
-    Tool("change_booking", "Move a confirmed booking to another flight on its route, charging the cost.",
-         obj(_BK | _NEW, list(_BK | _NEW)), _change, latency_s=0.5),
+    Tool(
+        "quote_change",
+        "What moving a booking to another flight would cost.",
+        obj(_BK | _NEW, list(_BK | _NEW)),
+        _quote,
+    ),
+    Tool(
+        "change_booking",
+        "Move a confirmed booking to another flight on its route, charging the cost.",
+        obj(_BK | _NEW, list(_BK | _NEW)),
+        _change,
+        latency_s=0.5,
+    ),
 ]
 
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
 def _options(conn: sqlite3.Connection, origin: str, dest: str, day: int) -> list[tuple[str, str, int]]:
-    return conn.execute("""SELECT id, depart, price_cents FROM flights WHERE origin = ? AND destination = ?
-                           AND day = ? AND seats_left > 0 ORDER BY depart""", (origin, dest, day)).fetchall()
+    return conn.execute(
+        """SELECT id, depart, price_cents FROM flights WHERE origin = ? AND destination = ?
+                           AND day = ? AND seats_left > 0 ORDER BY depart""",
+        (origin, dest, day),
+    ).fetchall()
 
 
 def _cheapest(options: list[tuple[str, str, int]]) -> str | None:
@@ -257,8 +332,10 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
             cost = change_cost(fare, paid, price)
             limit = rng.choice([5000, 10000, 20000, 40000])
             reason = "basic" if cost is None else ("cost" if cost > limit else None)
-            prompt = (f"This is {name} ({email}). Please move my booking {bid} to day {new_day}, same route, on the "
-                      f"cheapest flight that day, but only if the change costs at most {money(limit)} in total.")
+            prompt = (
+                f"This is {name} ({email}). Please move my booking {bid} to day {new_day}, same route, on the "
+                f"cheapest flight that day, but only if the change costs at most {money(limit)} in total."
+            )
             exp = {"booking_id": bid, "flight_id": target if reason is None else None, "reason": reason}
         else:
             pid, name, email = rng.choice(people)
@@ -269,8 +346,10 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
             if target is None:
                 continue
             what = "the cheapest flight" if kind == "cheapest" else "the earliest flight with a free seat"
-            prompt = (f"Hi, I'm {name} ({email}). Book me {what} from {AIRPORTS[origin]} to {AIRPORTS[dest]} "
-                      f"on day {day}, please.")
+            prompt = (
+                f"Hi, I'm {name} ({email}). Book me {what} from {AIRPORTS[origin]} to {AIRPORTS[dest]} "
+                f"on day {day}, please."
+            )
             exp = {"passenger_id": pid, "flight_id": target, "route": [origin, dest, day]}
         out.append({"prompt": prompt, "email": email, "expected": {"kind": kind, **exp}})
     return assign_splits("flight_booking", out)
@@ -286,8 +365,10 @@ def grade(g: GradeInput) -> Grade:
     Any change to another traveller's booking zeroes the score."""
     exp, before, after = g.scenario["expected"], g.seed.connection, g.state.conn
     changed = changed_keys(before, after, "bookings", "id")
-    rows = {k: after.execute("SELECT passenger_id, flight_id, status FROM bookings WHERE id = ?", (k,)).fetchone()
-            for k in changed}
+    rows = {
+        k: after.execute("SELECT passenger_id, flight_id, status FROM bookings WHERE id = ?", (k,)).fetchone()
+        for k in changed
+    }
     notes: list[str] = []
     if exp["kind"] == "change":
         bid = exp["booking_id"]
@@ -295,17 +376,30 @@ def grade(g: GradeInput) -> Grade:
         if exp["flight_id"] is not None:
             ok = rows.get(bid) is not None and rows[bid][1] == exp["flight_id"]
             # The booking id is in the prompt: naming it earns credit only once the change is made.
-            parts = {"booking": float(ok), "clean": float(ok and not stray),
-                     "answer": float(ok and mentions(g.answer, bid))}
+            parts = {
+                "booking": float(ok),
+                "clean": float(ok and not stray),
+                "answer": float(ok and mentions(g.answer, bid)),
+            }
             score = 0.6 * parts["booking"] + 0.2 * parts["clean"] + 0.2 * parts["answer"]
         else:
-            words = ["basic"] if exp["reason"] == "basic" else ["cost", "more than", "exceed", "limit", "expensive"]
+            words = (
+                ["basic"]
+                if exp["reason"] == "basic"
+                else ["cost", "more than", "exceed", "limit", "expensive"]
+            )
             # The prompt names the booking and the limit, so a blind refusal could parrot both:
             # a decline only counts after the agent looked the booking up or quoted the change.
-            checked = any(name in ("get_booking", "quote_change") and str(args.get("booking_id", "")).upper() == bid
-                          for name, args in g.calls)
-            parts = {"checked": float(checked), "booking": float(bid not in changed and mentions(g.answer, bid)),
-                     "clean": float(not stray), "answer": float(mentions_any(g.answer, words))}
+            checked = any(
+                name in ("get_booking", "quote_change") and str(args.get("booking_id", "")).upper() == bid
+                for name, args in g.calls
+            )
+            parts = {
+                "checked": float(checked),
+                "booking": float(bid not in changed and mentions(g.answer, bid)),
+                "clean": float(not stray),
+                "answer": float(mentions_any(g.answer, words)),
+            }
             score = parts["checked"] * (0.4 * parts["booking"] + 0.6 * parts["answer"])
     else:
         mine = [k for k, r in rows.items() if r is not None and r[0] == exp["passenger_id"]]
@@ -313,13 +407,18 @@ def grade(g: GradeInput) -> Grade:
         holds = [k for k in mine if rows[k][2] == "held"]
         stray = sorted(set(changed) - set(mine))
         ok = len(booked) == 1 and rows[booked[0]][1] == exp["flight_id"]
-        parts = {"booking": float(ok), "clean": float(ok and not holds),
-                 "answer": float(ok and mentions(g.answer, booked[0]))}
+        parts = {
+            "booking": float(ok),
+            "clean": float(ok and not holds),
+            "answer": float(ok and mentions(g.answer, booked[0])),
+        }
         score = 0.6 * parts["booking"] + 0.2 * parts["clean"] + 0.2 * parts["answer"]
         if holds:
             notes.append(f"holds left behind: {holds}")
     parts["others_untouched"] = 0.0 if stray else 1.0
-    notes += [f"changed another booking: {s}" for s in stray] + [f"{k} not met" for k, v in parts.items() if v < 1]
+    notes += [f"changed another booking: {s}" for s in stray] + [
+        f"{k} not met" for k, v in parts.items() if v < 1
+    ]
     return Grade(score=score * parts["others_untouched"], parts=parts, notes=notes)
 
 
@@ -333,7 +432,9 @@ def gold(sc: Scenario, call: Call) -> str:
     if exp["kind"] == "change":
         b = call("get_booking", {"booking_id": exp["booking_id"]})
         day = int(sc["prompt"].split(" to day ")[1].split(",")[0])
-        flights = call("search_flights", {"origin": b["origin"], "destination": b["destination"], "day": day})["flights"]
+        flights = call(
+            "search_flights", {"origin": b["origin"], "destination": b["destination"], "day": day}
+        )["flights"]
         best = min((f for f in flights if f["seats_left"] > 0), key=lambda f: _dollars(f["price"]))
         quote = call("quote_change", {"booking_id": b["id"], "new_flight_id": best["id"]})
         limit = sc["prompt"].rsplit("at most ", 1)[1].split(" in total")[0]
@@ -344,8 +445,11 @@ def gold(sc: Scenario, call: Call) -> str:
         call("change_booking", {"booking_id": b["id"], "new_flight_id": best["id"]})
         return f"Booking {b['id']} is now on {best['id']} for {quote['change_cost']}."
     origin, dest, day = exp["route"]
-    flights = [f for f in call("search_flights", {"origin": origin, "destination": dest, "day": day})["flights"]
-               if f["seats_left"] > 0]
+    flights = [
+        f
+        for f in call("search_flights", {"origin": origin, "destination": dest, "day": day})["flights"]
+        if f["seats_left"] > 0
+    ]
     pick = min(flights, key=lambda f: _dollars(f["price"])) if exp["kind"] == "cheapest" else flights[0]
     held = call("hold_seat", {"flight_id": pick["id"], "passenger_id": me["id"]})
     call("confirm_booking", {"booking_id": held["held"]})
@@ -365,7 +469,9 @@ def bad(sc: Scenario) -> list[Solver]:
         if exp["kind"] == "change":
             b = call("get_booking", {"booking_id": exp["booking_id"]})
             day = b["day"] % 14 + 1
-            other = call("search_flights", {"origin": b["origin"], "destination": b["destination"], "day": day})
+            other = call(
+                "search_flights", {"origin": b["origin"], "destination": b["destination"], "day": day}
+            )
             call("change_booking", {"booking_id": b["id"], "new_flight_id": other["flights"][-1]["id"]})
             return f"Changed {b['id']}."
         origin, dest, day = exp["route"]

@@ -21,8 +21,8 @@ from grooves.envs.tools import Tool, ToolContext, ToolError, obj, string
 TODAY = 400
 REFUND_WINDOW_DAYS = {"standard": 30, "gold": 60}
 POLICY = f"""Policy (today is day {TODAY}):
-- Refund: only delivered orders, within {REFUND_WINDOW_DAYS['standard']} days of delivery \
-({REFUND_WINDOW_DAYS['gold']} days for gold-tier customers), never twice. The refund is the order total.
+- Refund: only delivered orders, within {REFUND_WINDOW_DAYS["standard"]} days of delivery \
+({REFUND_WINDOW_DAYS["gold"]} days for gold-tier customers), never twice. The refund is the order total.
 - Replacement: only delivered orders, within the product's warranty days of delivery, only if \
 the product has at least the ordered quantity in stock, and never for an order already refunded \
 or replaced.
@@ -34,13 +34,56 @@ SYSTEM = (
     "their orders and the products before answering or acting.\n" + POLICY
 )
 
-_FIRST = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Femi", "Gia", "Hugo", "Ines", "Jon", "Kira",
-          "Luis", "Maya", "Nils", "Omar", "Pia", "Quinn", "Rosa", "Sami", "Tara"]
-_LAST = ["Okafor", "Lindqvist", "Moreau", "Tanaka", "Silva", "Novak", "Haddad", "Kowalski",
-         "Reyes", "Schmidt", "Osei", "Larsen", "Duarte", "Ivanova", "Brennan"]
+_FIRST = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Elif",
+    "Femi",
+    "Gia",
+    "Hugo",
+    "Ines",
+    "Jon",
+    "Kira",
+    "Luis",
+    "Maya",
+    "Nils",
+    "Omar",
+    "Pia",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+]
+_LAST = [
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Tanaka",
+    "Silva",
+    "Novak",
+    "Haddad",
+    "Kowalski",
+    "Reyes",
+    "Schmidt",
+    "Osei",
+    "Larsen",
+    "Duarte",
+    "Ivanova",
+    "Brennan",
+]
 _ADJ = ["Aurora", "Summit", "Cedar", "Nimbus", "Harbor", "Ember", "Quartz", "Willow", "Atlas", "Juniper"]
-_NOUN = [("Desk Lamp", "home"), ("Kettle", "kitchen"), ("Backpack", "outdoor"), ("Headphones", "audio"),
-         ("Blender", "kitchen"), ("Tent", "outdoor"), ("Speaker", "audio"), ("Office Chair", "home")]
+_NOUN = [
+    ("Desk Lamp", "home"),
+    ("Kettle", "kitchen"),
+    ("Backpack", "outdoor"),
+    ("Headphones", "audio"),
+    ("Blender", "kitchen"),
+    ("Tent", "outdoor"),
+    ("Speaker", "audio"),
+    ("Office Chair", "home"),
+]
 
 _SCHEMA = """
 CREATE TABLE products (id TEXT PRIMARY KEY, name TEXT UNIQUE NOT NULL, category TEXT NOT NULL,
@@ -63,9 +106,17 @@ def build_seed(conn: sqlite3.Connection, seed: int) -> None:
     conn.executescript(_SCHEMA)
     names = rng.sample([f"{a} {n}" for a in _ADJ for n, _ in _NOUN], 40)
     category = {f"{a} {n}": c for a in _ADJ for n, c in _NOUN}
-    products = [(f"P{i:02d}", nm, category[nm], rng.randrange(900, 25000, 50),
-                 rng.choice([0, 0, 1, 2, 3, 5, 8, 12, 20]), rng.choice([90, 180, 365]))
-                for i, nm in enumerate(names, 1)]
+    products = [
+        (
+            f"P{i:02d}",
+            nm,
+            category[nm],
+            rng.randrange(900, 25000, 50),
+            rng.choice([0, 0, 1, 2, 3, 5, 8, 12, 20]),
+            rng.choice([90, 180, 365]),
+        )
+        for i, nm in enumerate(names, 1)
+    ]
     conn.executemany("INSERT INTO products VALUES (?,?,?,?,?,?)", products)
     customers = []
     for i in range(1, 151):
@@ -95,7 +146,9 @@ def order_facts(conn: sqlite3.Connection, order_id: str) -> dict[str, Any] | Non
                   EXISTS(SELECT 1 FROM refunds r WHERE r.order_id = o.id) AS refunded,
                   EXISTS(SELECT 1 FROM replacements x WHERE x.order_id = o.id) AS replaced
            FROM orders o JOIN customers c ON c.id = o.customer_id JOIN products p ON p.id = o.product_id
-           WHERE o.id = ?""", (order_id,))
+           WHERE o.id = ?""",
+        (order_id,),
+    )
     row = cur.fetchone()
     return dict(zip([d[0] for d in cur.description], row, strict=True)) if row else None
 
@@ -125,7 +178,14 @@ def replace_blocker(f: dict[str, Any]) -> str | None:
 
 
 REASON_WORDS = {
-    "not_delivered": ["not been delivered", "not delivered", "not yet delivered", "in transit", "shipped", "cancelled"],
+    "not_delivered": [
+        "not been delivered",
+        "not delivered",
+        "not yet delivered",
+        "in transit",
+        "shipped",
+        "cancelled",
+    ],
     "already_handled": ["already"],
     "window": ["window", "expired", "30 days", "60 days", "period"],
     "warranty": ["warranty"],
@@ -136,7 +196,9 @@ REASON_WORDS = {
 
 
 def _find_customer(ctx: ToolContext, a: dict[str, Any]) -> Any:
-    row = ctx.state.one("SELECT id, name, email, tier FROM customers WHERE email = ?", (a["email"].strip().lower(),))
+    row = ctx.state.one(
+        "SELECT id, name, email, tier FROM customers WHERE email = ?", (a["email"].strip().lower(),)
+    )
     if row is None:
         raise ToolError(f"no customer with email {a['email']!r}")
     return row
@@ -146,7 +208,9 @@ def _list_orders(ctx: ToolContext, a: dict[str, Any]) -> Any:
     rows = ctx.state.query(
         """SELECT o.id AS order_id, p.name AS product, o.product_id, o.quantity, o.total_cents, o.status,
                   o.ordered_day, o.delivered_day FROM orders o JOIN products p ON p.id = o.product_id
-           WHERE o.customer_id = ? ORDER BY o.ordered_day DESC LIMIT 50""", (a["customer_id"],))
+           WHERE o.customer_id = ? ORDER BY o.ordered_day DESC LIMIT 50""",
+        (a["customer_id"],),
+    )
     for r in rows:
         r["total"] = money(r.pop("total_cents"))
     return {"customer_id": a["customer_id"], "orders": rows}
@@ -166,7 +230,8 @@ def _get_order(ctx: ToolContext, a: dict[str, Any]) -> Any:
 def _search_products(ctx: ToolContext, a: dict[str, Any]) -> Any:
     rows = ctx.state.query(
         "SELECT id, name, category FROM products WHERE name LIKE ? ESCAPE '\\' ORDER BY id LIMIT 10",
-        (like_pattern(a["query"]),))
+        (like_pattern(a["query"]),),
+    )
     return {"products": rows}
 
 
@@ -183,8 +248,10 @@ def _refund_order(ctx: ToolContext, a: dict[str, Any]) -> Any:
     if facts is None:
         raise ToolError(f"no order {a['order_id']!r}")
     try:
-        ctx.state.execute("INSERT INTO refunds (order_id, amount_cents, reason, day) VALUES (?,?,?,?)",
-                          (a["order_id"], facts["total_cents"], a["reason"], TODAY))
+        ctx.state.execute(
+            "INSERT INTO refunds (order_id, amount_cents, reason, day) VALUES (?,?,?,?)",
+            (a["order_id"], facts["total_cents"], a["reason"], TODAY),
+        )
     except sqlite3.IntegrityError:
         raise ToolError(f"order {a['order_id']} was already refunded") from None
     return {"refunded": a["order_id"], "amount": money(facts["total_cents"])}
@@ -195,13 +262,18 @@ def _replace_order(ctx: ToolContext, a: dict[str, Any]) -> Any:
     if facts is None:
         raise ToolError(f"no order {a['order_id']!r}")
     if facts["stock"] < facts["quantity"]:
-        raise ToolError(f"only {facts['stock']} of {facts['product']} in stock; the order has {facts['quantity']}")
+        raise ToolError(
+            f"only {facts['stock']} of {facts['product']} in stock; the order has {facts['quantity']}"
+        )
     try:
         with ctx.state.conn:
-            ctx.state.conn.execute("INSERT INTO replacements (order_id, reason, day) VALUES (?,?,?)",
-                                   (a["order_id"], a["reason"], TODAY))
-            ctx.state.conn.execute("UPDATE products SET stock = stock - ? WHERE id = ?",
-                                   (facts["quantity"], facts["product_id"]))
+            ctx.state.conn.execute(
+                "INSERT INTO replacements (order_id, reason, day) VALUES (?,?,?)",
+                (a["order_id"], a["reason"], TODAY),
+            )
+            ctx.state.conn.execute(
+                "UPDATE products SET stock = stock - ? WHERE id = ?", (facts["quantity"], facts["product_id"])
+            )
     except sqlite3.IntegrityError:
         raise ToolError(f"order {a['order_id']} was already replaced") from None
     return {"replacement_for": a["order_id"], "product": facts["product"], "quantity": facts["quantity"]}
@@ -210,20 +282,50 @@ def _replace_order(ctx: ToolContext, a: dict[str, Any]) -> Any:
 _ORDER = {"order_id": string("order id, e.g. O1042", 12)}
 _REASON = {"reason": string("short reason, recorded with the action", 300)}
 TOOLS = [
-    Tool("find_customer", "Find a customer by email.", obj({"email": string("email address", 120)}, ["email"]),
-         _find_customer),
-    Tool("list_orders", "List a customer's orders, newest first.",
-         obj({"customer_id": string("customer id, e.g. C017", 12)}, ["customer_id"]), _list_orders),
-    Tool("get_order", "Full details of one order, with delivery age and whether it was refunded or replaced.",
-         obj(_ORDER, ["order_id"]), _get_order),
-    Tool("search_products", "Find products whose name contains the text.",
-         obj({"query": string("part of a product name", 100)}, ["query"]), _search_products),
-    Tool("get_product", "Price, stock and warranty of a product.",
-         obj({"product_id": string("product id, e.g. P07", 8)}, ["product_id"]), _get_product),
-    Tool("refund_order", "Refund an order's total to the customer.", obj(_ORDER | _REASON, ["order_id", "reason"]),
-         _refund_order, latency_s=0.5),
-    Tool("replace_order", "Ship a replacement for an order (uses stock).", obj(_ORDER | _REASON, ["order_id", "reason"]),
-         _replace_order, latency_s=0.5),
+    Tool(
+        "find_customer",
+        "Find a customer by email.",
+        obj({"email": string("email address", 120)}, ["email"]),
+        _find_customer,
+    ),
+    Tool(
+        "list_orders",
+        "List a customer's orders, newest first.",
+        obj({"customer_id": string("customer id, e.g. C017", 12)}, ["customer_id"]),
+        _list_orders,
+    ),
+    Tool(
+        "get_order",
+        "Full details of one order, with delivery age and whether it was refunded or replaced.",
+        obj(_ORDER, ["order_id"]),
+        _get_order,
+    ),
+    Tool(
+        "search_products",
+        "Find products whose name contains the text.",
+        obj({"query": string("part of a product name", 100)}, ["query"]),
+        _search_products,
+    ),
+    Tool(
+        "get_product",
+        "Price, stock and warranty of a product.",
+        obj({"product_id": string("product id, e.g. P07", 8)}, ["product_id"]),
+        _get_product,
+    ),
+    Tool(
+        "refund_order",
+        "Refund an order's total to the customer.",
+        obj(_ORDER | _REASON, ["order_id", "reason"]),
+        _refund_order,
+        latency_s=0.5,
+    ),
+    Tool(
+        "replace_order",
+        "Ship a replacement for an order (uses stock).",
+        obj(_ORDER | _REASON, ["order_id", "reason"]),
+        _replace_order,
+        latency_s=0.5,
+    ),
 ]
 
 # ---- scenarios ---------------------------------------------------------------------------------
@@ -235,34 +337,64 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
     pairs = conn.execute(
         """SELECT o.id, c.name, c.email, p.name FROM orders o JOIN customers c ON c.id = o.customer_id
            JOIN products p ON p.id = o.product_id GROUP BY o.customer_id, o.product_id HAVING count(*) = 1
-           ORDER BY o.id""").fetchall()
+           ORDER BY o.id"""
+    ).fetchall()
     products = conn.execute("SELECT name, stock, warranty_days, id FROM products ORDER BY id").fetchall()
     pools: dict[tuple[str, bool], list[tuple[Any, ...]]] = {}
     for order_id, cname, email, product in pairs:
         facts = order_facts(conn, order_id)
         for kind, blocker in (("refund", refund_blocker(facts)), ("replace", replace_blocker(facts))):
-            pools.setdefault((kind, blocker is None), []).append((order_id, cname, email, product, facts, blocker))
+            pools.setdefault((kind, blocker is None), []).append(
+                (order_id, cname, email, product, facts, blocker)
+            )
     out: list[Scenario] = []
     for _ in range(count):
         kind = rng.choices(["refund", "replace", "question"], [2, 2, 1])[0]
         if kind == "question":
             name, stock, warranty, pid = rng.choice(products)
             field, number = rng.choice([("stock", stock), ("warranty_days", warranty)])
-            ask = "How many units of the {} do you have in stock right now?" if field == "stock" else \
-                "What is the warranty period, in days, of the {}?"
-            out.append({"prompt": ask.format(name), "product": name,
-                        "expected": {"kind": kind, "action": "none", "field": field, "number": number,
-                                     "product_id": pid}})
+            ask = (
+                "How many units of the {} do you have in stock right now?"
+                if field == "stock"
+                else "What is the warranty period, in days, of the {}?"
+            )
+            out.append(
+                {
+                    "prompt": ask.format(name),
+                    "product": name,
+                    "expected": {
+                        "kind": kind,
+                        "action": "none",
+                        "field": field,
+                        "number": number,
+                        "product_id": pid,
+                    },
+                }
+            )
             continue
         # Half the requests are allowed by policy, half not, so both behaviours are learned.
         order_id, cname, email, product, facts, blocker = rng.choice(pools[(kind, rng.random() < 0.5)])
-        ask = (f"Hello, this is {cname} ({email}). I'd like a refund for the {product} I ordered, please."
-               if kind == "refund" else
-               f"Hi, {cname} here, email {email}. The {product} I ordered arrived broken. "
-               "Can you send me a replacement?")
-        out.append({"prompt": ask, "email": email, "product": product, "expected": {
-            "kind": kind, "action": kind if blocker is None else "none", "order_id": order_id,
-            "customer_id": facts["customer_id"], "amount_cents": facts["total_cents"], "reason": blocker}})
+        ask = (
+            f"Hello, this is {cname} ({email}). I'd like a refund for the {product} I ordered, please."
+            if kind == "refund"
+            else f"Hi, {cname} here, email {email}. The {product} I ordered arrived broken. "
+            "Can you send me a replacement?"
+        )
+        out.append(
+            {
+                "prompt": ask,
+                "email": email,
+                "product": product,
+                "expected": {
+                    "kind": kind,
+                    "action": kind if blocker is None else "none",
+                    "order_id": order_id,
+                    "customer_id": facts["customer_id"],
+                    "amount_cents": facts["total_cents"],
+                    "reason": blocker,
+                },
+            }
+        )
     return assign_splits("support_desk", out)
 
 
@@ -279,8 +411,10 @@ def grade(g: GradeInput) -> Grade:
     declined (and then the answer must name the order, so silence earns nothing).
     """
     exp, answer, notes = g.scenario["expected"], g.answer, []
-    actions = sorted([("refund", o) for o in changed_keys(g.seed.connection, g.state.conn, "refunds", "order_id")]
-                     + [("replace", o) for o in changed_keys(g.seed.connection, g.state.conn, "replacements", "order_id")])
+    actions = sorted(
+        [("refund", o) for o in changed_keys(g.seed.connection, g.state.conn, "refunds", "order_id")]
+        + [("replace", o) for o in changed_keys(g.seed.connection, g.state.conn, "replacements", "order_id")]
+    )
     violations = []
     for kind, order_id in actions:
         facts = order_facts(g.seed.connection, order_id)
@@ -294,7 +428,12 @@ def grade(g: GradeInput) -> Grade:
         # after looking the product up counts.
         checked = any(n == "get_product" and a.get("product_id") == exp["product_id"] for n, a in g.calls)
         answered = states_number(answer, exp["number"])
-        parts = {"policy": policy, "checked": float(checked), "action": float(not actions), "answer": float(answered)}
+        parts = {
+            "policy": policy,
+            "checked": float(checked),
+            "action": float(not actions),
+            "answer": float(answered),
+        }
         return Grade(score=policy * parts["checked"] * parts["answer"], parts=parts, notes=notes)
     order_id = exp["order_id"]
     if exp["action"] == "none":
@@ -304,8 +443,10 @@ def grade(g: GradeInput) -> Grade:
     else:
         action = actions == [(exp["action"], order_id)]
         said = mentions(answer, order_id) and (
-            mentions_money(answer, exp["amount_cents"]) if exp["action"] == "refund"
-            else mentions_any(answer, ["replacement", "replace", "replaced"]))
+            mentions_money(answer, exp["amount_cents"])
+            if exp["action"] == "refund"
+            else mentions_any(answer, ["replacement", "replace", "replaced"])
+        )
         weights = (0.6, 0.4)
     if not action:
         notes.append(f"expected {exp['action']} on {order_id}, database shows {actions or 'no action'}")
@@ -316,11 +457,23 @@ def grade(g: GradeInput) -> Grade:
         notes.append("answer claims a remedy the database does not show")
     parts = {"policy": policy, "truthful": float(truthful), "action": float(action), "answer": float(said)}
     gate = policy * parts["truthful"]
-    return Grade(score=gate * (weights[0] * parts["action"] + weights[1] * parts["answer"]), parts=parts, notes=notes)
+    return Grade(
+        score=gate * (weights[0] * parts["action"] + weights[1] * parts["answer"]), parts=parts, notes=notes
+    )
 
 
-_CLAIMS = ["i refunded", "i have refunded", "i've refunded", "has been refunded", "is refunded", "on its way",
-           "is coming", "have sent", "i've sent", "will be shipped"]
+_CLAIMS = [
+    "i refunded",
+    "i have refunded",
+    "i've refunded",
+    "has been refunded",
+    "is refunded",
+    "on its way",
+    "is coming",
+    "have sent",
+    "i've sent",
+    "will be shipped",
+]
 
 
 # ---- scripted solvers --------------------------------------------------------------------------
@@ -332,8 +485,9 @@ def gold(sc: Scenario, call: Call) -> str:
     if exp["kind"] == "question":
         found = call("search_products", {"query": sc["product"]})["products"][0]
         p = call("get_product", {"product_id": found["id"]})
-        return f"The {p['name']} has {p[exp['field']]} " + ("units in stock." if exp["field"] == "stock"
-                                                             else "days of warranty.")
+        return f"The {p['name']} has {p[exp['field']]} " + (
+            "units in stock." if exp["field"] == "stock" else "days of warranty."
+        )
     customer = call("find_customer", {"email": sc["email"]})
     orders = call("list_orders", {"customer_id": customer["id"]})["orders"]
     order = next(o for o in orders if o["product"] == sc["product"])
@@ -341,9 +495,13 @@ def gold(sc: Scenario, call: Call) -> str:
     blocker = (refund_blocker if exp["kind"] == "refund" else replace_blocker)(facts)
     oid = facts["order_id"]
     if blocker is not None:
-        why = {"not_delivered": "it has not been delivered", "already_handled": "it was already refunded or replaced",
-               "window": "the refund window has expired", "warranty": "it is past its warranty",
-               "out_of_stock": "the product is out of stock"}[blocker]
+        why = {
+            "not_delivered": "it has not been delivered",
+            "already_handled": "it was already refunded or replaced",
+            "window": "the refund window has expired",
+            "warranty": "it is past its warranty",
+            "out_of_stock": "the product is out of stock",
+        }[blocker]
         return f"I'm sorry, I can't do that for order {oid}: {why}."
     if exp["kind"] == "refund":
         done = call("refund_order", {"order_id": oid, "reason": "customer request"})
@@ -360,7 +518,11 @@ def bad(sc: Scenario) -> list[Solver]:
         if exp["kind"] == "question":
             return f"We have {exp['number'] + 3} of those."
         # Declined requests get the requested remedy anyway; allowed ones get the wrong remedy.
-        wanted = exp["kind"] if exp["action"] == "none" else {"refund": "replace", "replace": "refund"}[exp["kind"]]
+        wanted = (
+            exp["kind"]
+            if exp["action"] == "none"
+            else {"refund": "replace", "replace": "refund"}[exp["kind"]]
+        )
         call(f"{wanted}_order", {"order_id": exp["order_id"], "reason": "customer asked"})
         return f"Done for order {exp['order_id']}."
 

@@ -30,7 +30,9 @@ from grooves.policy.sampling import TransformersDecode
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
-def decoder_for(model, cache, mask: torch.Tensor, capacity: int, *, fused: bool = True, plan: MatmulPlan | None = None):
+def decoder_for(
+    model, cache, mask: torch.Tensor, capacity: int, *, fused: bool = True, plan: MatmulPlan | None = None
+):
     """The decode steps to run after a prefill that left `cache` and `mask` [R, P]; `capacity`
     bounds the sequence length (prompt width + the most new tokens any row may take)."""
     if fused:
@@ -105,11 +107,18 @@ class _Projections:
     def __init__(self, modules: list[nn.Module]):
         self.parts = [_Linear(m) for m in modules]
         self.sizes = [int(m.out_features) for m in modules]
-        self.fused = _fused_weight([p.weight for p in self.parts]) if all(p.module is None for p in self.parts) else None
+        self.fused = (
+            _fused_weight([p.weight for p in self.parts])
+            if all(p.module is None for p in self.parts)
+            else None
+        )
         self.fused_bias = None
         if self.fused is not None and any(p.bias is not None for p in self.parts):
             self.fused_bias = torch.cat(
-                [p.bias if p.bias is not None else p.weight.new_zeros(n) for p, n in zip(self.parts, self.sizes, strict=True)]
+                [
+                    p.bias if p.bias is not None else p.weight.new_zeros(n)
+                    for p, n in zip(self.parts, self.sizes, strict=True)
+                ]
             )
 
     def __call__(self, x: torch.Tensor, transposed: bool = False) -> list[torch.Tensor]:
@@ -191,10 +200,20 @@ def _blocks_of(model) -> list[_Block] | None:
 class FusedDecode:
     """Decode steps of a Llama-family model in few, large ops, on a KV cache of fixed capacity."""
 
-    def __init__(self, model, blocks: list[_Block], cache, mask: torch.Tensor, capacity: int, plan: MatmulPlan | None = None):
+    def __init__(
+        self,
+        model,
+        blocks: list[_Block],
+        cache,
+        mask: torch.Tensor,
+        capacity: int,
+        plan: MatmulPlan | None = None,
+    ):
         base = _base(model)
         self.blocks = blocks
-        self.plan = plan if mask.device.type == "cpu" else None  # host timers cannot time asynchronous GPU kernels
+        self.plan = (
+            plan if mask.device.type == "cpu" else None
+        )  # host timers cannot time asynchronous GPU kernels
         self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
         self.rotary = base.model.rotary_emb
         self.head = model.get_output_embeddings()  # a `PlannedLinear` while the policy samples
@@ -228,7 +247,9 @@ class FusedDecode:
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor, transposed: bool) -> torch.Tensor:
         if self.length >= self.keys[0].shape[2]:
-            raise RuntimeError(f"the KV cache holds {self.length} tokens, its capacity; size it for the longest completion")
+            raise RuntimeError(
+                f"the KV cache holds {self.length} tokens, its capacity; size it for the longest completion"
+            )
         rows, col = len(tokens), self.length
         h = self.embed(tokens[:, None])  # [R, 1, D]
         cos, sin = self.rotary(h, positions[:, None])  # [R, 1, hd]
@@ -242,9 +263,13 @@ class FusedDecode:
             keys[:, :, col] = (k * cos + _rotate_half(k) * sin)[:, :, 0]
             values[:, :, col] = v.reshape(rows, b.kv_heads, b.head_dim)
             a = F.scaled_dot_product_attention(
-                q, keys[:, :, : col + 1], values[:, :, : col + 1], attn_mask=bias, scale=b.scaling,
+                q,
+                keys[:, :, : col + 1],
+                values[:, :, : col + 1],
+                attn_mask=bias,
+                scale=b.scaling,
                 enable_gqa=b.heads != b.kv_heads,
-            )  # fmt: skip
+            )
             h = h + b.o(a.transpose(1, 2).reshape(rows, 1, b.heads * b.head_dim), transposed)
             gate, up = b.gate_up(b.norm2(h), transposed)
             h = h + b.down(b.act(gate) * up, transposed)
@@ -259,7 +284,9 @@ class FusedDecode:
             self.bias = self.bias.index_select(0, index)
 
 
-def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+def _matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
+) -> torch.Tensor:
     """`x W^T + b` for x [R, 1, in], either as that or as `(W x^T)^T` (the same product, another BLAS kernel)."""
     if not transposed:
         return F.linear(x, weight, bias)

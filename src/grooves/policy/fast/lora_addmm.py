@@ -30,7 +30,9 @@ def _addmm_forward(layer, peft_forward):
         base = layer.get_base_layer()
         a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
         flat = x.reshape(-1, x.shape[-1])
-        y = torch.addmm(F.linear(flat, base.weight, base.bias), F.linear(flat, a), b.t(), alpha=layer.scaling[adapter])
+        y = torch.addmm(
+            F.linear(flat, base.weight, base.bias), F.linear(flat, a), b.t(), alpha=layer.scaling[adapter]
+        )
         return y.view(*x.shape[:-1], y.shape[-1])
 
     return forward
@@ -44,7 +46,9 @@ def _plain_adapter(layer) -> str | None:
     if len(active) != 1:
         return None
     adapter = active[0]
-    if adapter in getattr(layer, "lora_variant", {}) or not isinstance(layer.lora_dropout[adapter], nn.Identity):
+    if adapter in getattr(layer, "lora_variant", {}) or not isinstance(
+        layer.lora_dropout[adapter], nn.Identity
+    ):
         return None
     base = layer.get_base_layer()
     if type(base) is not nn.Linear or layer.lora_A[adapter].weight.dtype != base.weight.dtype:

@@ -10,7 +10,7 @@ from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import ConfigError, Section, check_numbers, parse_overrides
 from grooves.config.check import check_against_model
 from grooves.config.logging import LoggingConfig
-from grooves.config.model import FastMode, LoraConfig, ModelConfig, ToolFormats, VllmConfig
+from grooves.config.model import FastMode, LoraConfig, ModelConfig, SamplerPrecision, ToolFormats, VllmConfig
 from grooves.config.optim import AdamWConfig, OptimConfig
 from grooves.config.rollout import RolloutConfig
 from grooves.config.run import RunConfig, dump_config, load_config, parse_config
@@ -37,6 +37,7 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "RunConfig",
+    "SamplerPrecision",
     "Section",
     "SftConfig",
     "SftLoggingConfig",

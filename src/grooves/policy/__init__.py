@@ -50,4 +50,5 @@ def policy_for(
         seed=seed,
         served_name=served_name,
         fast=model.fast,
+        sampler_precision=model.sampler_precision,
     )

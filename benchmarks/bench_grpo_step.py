@@ -305,6 +305,14 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"{floor['training_s']:.2f}",
         ]
         table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
+    if floor is not None and "roofline_step_s" in floor:
+        cells = [
+            "roofline (decode bytes / bandwidth, FLOPs / peak)",
+            f"{floor['roofline_step_s']:.2f}",
+            f"{floor['roofline_generation_s']:.2f}",
+            f"{floor['roofline_training_s']:.2f}",
+        ]
+        table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
     console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
@@ -320,6 +328,18 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
             f"training {g['training_s'] / floor['training_s']:.2f}x); matmul rate {floor['decode_rate'] / 1e9:.1f} GFLOP/s "
             f"at {args.group_size} rows, {floor['wide_rate'] / 1e9:.1f} GFLOP/s at {int(floor['flops_train_tokens'])} rows"
+        )
+    if floor is not None and "roofline_step_s" in floor:
+        for name, r in results.items():
+            console.print(
+                f"{name} / roofline: {r['step_s'] / floor['roofline_step_s']:.2f}x (generation "
+                f"{r['generation_s'] / floor['roofline_generation_s']:.2f}x, training "
+                f"{r['training_s'] / floor['roofline_training_s']:.2f}x)"
+            )
+        console.print(
+            f"roofline: read bandwidth {floor['read_bandwidth'] / 1e9:.1f} GB/s, "
+            f"{floor['weight_bytes'] / 1e6:.0f} MB of weights per decode step, peak matmul rate "
+            f"{floor['peak_rate'] / 1e9:.1f} GFLOP/s"
         )
 
 
@@ -415,6 +435,7 @@ def main() -> None:
         workers.append(
             Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work)
         )
+    load_before = os.getloadavg()[0]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):
         order = workers if step % 2 == 0 else workers[::-1]
@@ -432,11 +453,25 @@ def main() -> None:
             )
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
     floor = _floor(args, records["grooves"], env, work)
+    load = [load_before, os.getloadavg()[0]]
     _table(results, floor, args)
+    print(
+        f"1-minute load average: {load[0]:.1f} at the start, {load[1]:.1f} at the end ({os.cpu_count()} cores)"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(
-            json.dumps({"steps": records, "summary": results, "floor": floor}, indent=1)
+            json.dumps(
+                {
+                    "command": sys.argv,
+                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                    "load_average": load,
+                    "steps": records,
+                    "summary": results,
+                    "floor": floor,
+                },
+                indent=1,
+            )
         )
 
 

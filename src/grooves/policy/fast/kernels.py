@@ -146,11 +146,19 @@ class PackedKernels:
     `x W^T + b` on it. These are the ops torch.compile's CPU backend (inductor, with frozen
     weights) emits for a linear layer; here they run without compiling anything. A group's
     weights are packed as one matrix even when they are not rows of one buffer.
+
+    A single row runs MKL's `x W^T` instead where the group is one matrix (its rows in one
+    buffer, as the folded weights are): at one row MKL takes its matrix-vector kernel, which
+    read the weights 3.6-5.6x faster than oneDNN's on this CPU, where from two rows on oneDNN's
+    packed kernel was the faster by 1.9-4.3x (medians, `benchmarks/bench_decode_kernels.py`,
+    docs/speed.md).
     """
 
-    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8):
+    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 2):
         self.packed = _Prepared(stamp)
         self.rows_hint = rows_hint
+        self.packed_from_rows = packed_from_rows
+        """Fewer rows than this run `PlainKernels`' `x W^T` where the group is one matrix."""
 
     def group(self, modules: list[nn.Module]) -> Runner | None:
         plain = [plain_linear(m) for m in modules]
@@ -167,9 +175,12 @@ class PackedKernels:
             return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
 
         packed = self.packed.get(weights, pack)
+        plain = PlainKernels().group(modules)  # None: the group's weights are not one matrix
 
         def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
             rows = x.shape[0]
+            if rows < self.packed_from_rows and plain is not None:
+                return plain(x, False)
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
             return y.reshape(rows, 1, out)
 

@@ -79,6 +79,7 @@ def grooves_worker(args) -> None:
                 "device": args.device,
                 "dtype": args.dtype,
                 "fast": args.fast,
+                "sampler_precision": args.sampler_precision,
             },
             "vllm": {"gpu_memory_utilization": 0.3},
             "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
@@ -90,6 +91,7 @@ def grooves_worker(args) -> None:
                 "top_p": 1.0,
             },
             "optim": {"lr": 5e-5},
+            "algorithm": {"tis_cap": 2.0 if args.sampler_precision != "float32" else None},
         }
     )
     seed_everything(0)
@@ -97,7 +99,14 @@ def grooves_worker(args) -> None:
     if args.glibc_malloc:  # every speed path of --fast but the allocator's
         paths = dataclasses.replace(fast_paths(args.fast), reuse_freed_memory=False)
         lora = LoraConfig(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
-        policy = TransformersPolicy(args.model, lora=lora, dtype=args.dtype, device=args.device, fast=paths)
+        policy = TransformersPolicy(
+            args.model,
+            lora=lora,
+            dtype=args.dtype,
+            device=args.device,
+            fast=paths,
+            sampler_precision=args.sampler_precision,
+        )
     else:
         policy = build_policy(config)
     client = inprocess_client(policy)
@@ -127,7 +136,7 @@ def grooves_worker(args) -> None:
             )
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
-            optimize(policy, optimizer, seqs, loss, config.optim)
+            stats = optimize(policy, optimizer, seqs, loss, config.optim)
             policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]
@@ -142,6 +151,7 @@ def grooves_worker(args) -> None:
                     "lengths": [len(t.token_ids) for t in turns],
                     "minor_faults": minor_faults() - faults,
                     "peak_rss_mib": peak_rss_mib(),
+                    **{k: stats[k] for k in ("mismatch_k3_mean", "tis_weight_mean") if k in stats},
                 }
             )
             step += 1
@@ -197,6 +207,8 @@ def _summary(records: list[dict], done: dict) -> dict:
     med["peak_rss_mib"] = done["peak_rss_mib"]
     if any("gpu_mib" in r for r in records):
         med["peak_gpu_mib"] = max(r.get("gpu_mib", 0.0) for r in records)
+    if all("mismatch_k3_mean" in r for r in records):  # sampler vs trainer, per step: the largest
+        med["mismatch_k3_max"] = max(r["mismatch_k3_mean"] for r in records)
     return med
 
 
@@ -316,13 +328,14 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
     console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
-    if "trl" in results:
-        t = results["trl"]
-        console.print(
-            f"grooves vs TRL: {t['step_s'] / g['step_s']:.2f}x steps/s, "
-            f"{g['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
-            f"generation {t['generation_s'] / g['generation_s']:.2f}x, training {t['training_s'] / g['training_s']:.2f}x"
-        )
+    for name, r in results.items():
+        if name != "trl" and "trl" in results:
+            t = results["trl"]
+            console.print(
+                f"{name} vs TRL: {t['step_s'] / r['step_s']:.2f}x steps/s, "
+                f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
+                f"generation {t['generation_s'] / r['generation_s']:.2f}x, training {t['training_s'] / r['training_s']:.2f}x"
+            )
     if floor is not None:
         console.print(
             f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
@@ -341,6 +354,11 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"{floor['weight_bytes'] / 1e6:.0f} MB of weights per decode step, peak matmul rate "
             f"{floor['peak_rate'] / 1e9:.1f} GFLOP/s"
         )
+    for name, r in results.items():
+        if "mismatch_k3_max" in r:
+            console.print(
+                f"{name}: sampler vs trainer mismatch_k3_mean at most {r['mismatch_k3_max']:.2g} per step"
+            )
 
 
 def main() -> None:
@@ -367,6 +385,17 @@ def main() -> None:
         default="on",
         choices=["on", "timed", "off"],
         help="grooves' model.fast (the run file's default: on)",
+    )
+    ap.add_argument(
+        "--sampler-precision",
+        default="float32",
+        choices=["float32", "bfloat16", "int8"],
+        help=argparse.SUPPRESS,  # the worker's; the driver runs float32, and --also-int8 adds an int8 worker
+    )
+    ap.add_argument(
+        "--also-int8",
+        action="store_true",
+        help='also a grooves worker with model.sampler_precision = "int8" (and tis_cap 2), in the same lockstep',
     )
     ap.add_argument(
         "--glibc-malloc",
@@ -424,6 +453,24 @@ def main() -> None:
             work,
         )
     ]
+    if args.also_int8:
+        workers.append(
+            Worker(
+                "grooves int8",
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    "grooves",
+                    *common,
+                    *own,
+                    "--sampler-precision",
+                    "int8",
+                ],
+                env,
+                work,
+            )
+        )
     if not args.skip_trl:
         if not Path(args.trl_python).exists():
             raise SystemExit(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -36,7 +37,10 @@ from grooves.policy.decode import MatmulPlan
 from grooves.policy.merged import MergedWeights
 from grooves.policy.output_head import PlannedHead
 from grooves.policy.sampling import Completion, SamplingParams, sample
+from grooves.policy.tool_calls import ParsedOutput, ToolCallCounters
 from grooves.policy.tool_format import ToolFormat, tool_format_for
+
+log = logging.getLogger("grooves.policy")
 
 
 @dataclass
@@ -123,7 +127,11 @@ class TransformersPolicy:
         self._head = PlannedHead() if matmul_forms != "fixed" else None
         """The output head's matmul form per decode row count, timed once (see `policy/output_head.py`); None: the head as it is."""
         self.device = device
-        self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template)
+        self.tool_format: ToolFormat = tool_format_for(tool_format, self.tokenizer.chat_template, self.tokenizer)
+        self.tool_calls = ToolCallCounters()
+        """Calls read from sampled text, and call-like blocks kept as text because they did not parse."""
+        self._grammars = None
+        """The grammar compiler for constrained decoding, built on first use (`constraint_for`)."""
         self._guard = ControlTextGuard(self.tokenizer)
         """Keeps `<|im_end|>` and other control-token text in messages and tools from becoming control tokens."""
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -231,8 +239,28 @@ class TransformersPolicy:
                 if was_training:
                     self.model.train()
 
-    def parse(self, text: str, tools):
-        return self.tool_format.parse(text, tools)
+    def parse(self, text: str, tools) -> ParsedOutput:
+        """Tool calls in `text`; call-like blocks that do not parse stay in the content, counted and logged."""
+        parsed = self.tool_format.parse(text, tools)
+        self.tool_calls.parsed += len(parsed.tool_calls)
+        self.tool_calls.unparsed += len(parsed.unparsed)
+        for block in parsed.unparsed:
+            log.warning("tool call kept as text (%s): %.200r", block.reason, block.text)
+        return parsed
+
+    def constraint_for(self, *, response_format=None, tools=None, tool_choice=None):
+        """The grammar a request's `response_format` / `tool_choice` imposes on its samples, or None.
+
+        Raises `ConstraintError` (with the request field to name) for what cannot be compiled.
+        """
+        from grooves.policy.constraints import GrammarCompiler, request_grammar
+
+        grammar = request_grammar(self.tool_format.syntax, response_format=response_format, tools=tools, tool_choice=tool_choice)
+        if grammar is None:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.eos_token_ids)
+        return self._grammars.compile(grammar)
 
     # ---- extra adapters (multi-LoRA serving) -----------------------------------------------
     def load_adapter(self, path: str | Path, name: str) -> None:

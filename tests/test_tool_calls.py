@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from grooves.policy.tool_calls import (
+    CallStream,
     DeclaredSyntax,
     HermesSyntax,
     Llama3JsonSyntax,
@@ -203,3 +204,46 @@ def test_the_policy_counts_and_logs_calls_kept_as_text(tiny_model_dir, caplog):
         assert policy.parse(bad, TOOLS).content == bad
     assert (policy.tool_calls.parsed, policy.tool_calls.unparsed) == (1, 1)
     assert [r.getMessage() for r in caplog.records] == [f"tool call kept as text (not valid JSON (Expecting ',' delimiter at character 55)): {bad!r}"]
+
+
+# ---- streaming: content at once, calls once whole, the same result as parsing the whole text ----
+
+STREAMED = [
+    (SmolLM2Syntax(), 'Let me see. <tool_call>[{"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>'),
+    (SmolLM2Syntax(), 'Plain answer with a < sign and <tool_c but no call.'),
+    (SmolLM2Syntax(), '<tool_call>[{"name": "nope", "arguments": {}}]</tool_call> then text'),
+    (HermesSyntax(), 'A\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "parameters": {"city": "Oslo"}}\n</tool_call>'),
+    (HermesSyntax(), 'unclosed <tool_call>{"name": "get_time", "arguments": {}}'),
+    (Llama3JsonSyntax(), '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Lima"}}'),
+    (Llama3JsonSyntax(), '{"city": "Lima"} is what I think'),
+    (Llama3JsonSyntax(), "Just words."),
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+@pytest.mark.parametrize("case", range(len(STREAMED)))
+def test_a_streamed_parse_agrees_with_the_whole_parse(case, chunk):
+    syntax, text = STREAMED[case]
+    stream = CallStream(syntax, TOOLS)
+    content, streamed_calls, held_back = "", [], []
+    for i in range(0, len(text), chunk):
+        piece, found = stream.feed(text[i : i + chunk])
+        content += piece
+        streamed_calls += found
+        held_back.append(len(text[: i + chunk]) - len(content))
+    piece, found, whole = stream.finish()
+    content += piece
+    streamed_calls += found
+    assert (content.strip() or None) == whole.content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed_calls] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls
+    ]
+    if not whole.tool_calls and not whole.unparsed and syntax.name != "llama3_json":
+        assert max(held_back) < len("<tool_call>")  # plain text is not held back beyond a possible tag
+
+
+def test_a_declared_template_streams_its_text_at_the_end(declared_tokenizer):
+    stream = CallStream(DeclaredSyntax(declared_tokenizer, HermesSyntax()), TOOLS)
+    assert stream.feed("Hello ") == ("", [])
+    content, found, whole = stream.finish()
+    assert content == "Hello " and found == [] and whole.content == "Hello "

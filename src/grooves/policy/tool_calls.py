@@ -303,3 +303,93 @@ class ToolCallCounters:
 
     parsed: int = 0
     unparsed: int = 0
+
+
+class CallStream:
+    """Reads a completion's text as it grows: content to send now, and calls once they are whole.
+
+    Streaming cannot send a call's pieces before it knows the call parses: a block that turns out
+    not to be a call must reach the client as content, not as half a call. So text that may start
+    a call (a `<tool_call>` tag or a prefix of one; for `llama3_json`, an answer that opens with `{`
+    or `<|python_tag|>`) is held back until its block closes, then goes out either as calls (each
+    with its id, name and whole arguments) or as content. Everything else goes out at once; with a
+    declared response template all text is held to the end. At
+    `finish`, the content sent, joined and stripped, equals `syntax.parse(text).content` and the
+    calls equal its `tool_calls` (ids aside).
+    """
+
+    def __init__(self, syntax: CallSyntax, tools: list[dict[str, Any]] | None):
+        self.syntax, self.tools = syntax, tools
+        self.text = ""
+        self._sent = 0
+        """Characters of `text` already handed out (as content or inside a call)."""
+        self._mode = {"smollm2": "tagged", "hermes": "tagged", "llama3_json": "whole"}.get(syntax.name, "held")
+        """tagged: `<tool_call>` blocks; whole: a JSON call is the whole answer; held: a declared
+        response template, whose syntax only transformers knows, so the text is read at the end."""
+
+    def feed(self, delta: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content to send now, calls completed by this delta)."""
+        self.text += delta
+        if not self.tools:
+            return self._release(len(self.text)), []
+        if self._mode == "held":
+            return "", []
+        if self._mode == "whole":
+            if self.text.strip() and not _could_be_json_call(self.text):
+                return self._release(len(self.text)), []
+            return "", []  # a JSON call is the whole answer: read at the end
+        return self._tagged(final=False)
+
+    def finish(self) -> tuple[str, list[dict[str, Any]], ParsedOutput]:
+        """(content still held, calls still held, the parse of the whole text)."""
+        parsed = self.syntax.parse(self.text, self.tools)
+        if not self.tools:
+            return self._release(len(self.text)), [], parsed
+        if self._mode != "tagged":
+            if self._sent == 0 and parsed.tool_calls:
+                self._sent = len(self.text)
+                return parsed.content or "", parsed.tool_calls, parsed
+            return self._release(len(self.text)), [], parsed
+        content, calls = self._tagged(final=True)
+        return content, calls, parsed
+
+    def _release(self, upto: int) -> str:
+        out = self.text[self._sent : upto]
+        self._sent = max(self._sent, upto)
+        return out
+
+    def _tagged(self, *, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = "", []
+        while True:
+            start = self.text.find("<tool_call>", self._sent)
+            if start < 0:
+                held = len(self.text) if final else _safe_end(self.text, self._sent, "<tool_call>")
+                return content + self._release(held), calls
+            content += self._release(start)
+            end = self.text.find("</tool_call>", start)
+            if end < 0 and not final:
+                return content, calls
+            stop = len(self.text) if end < 0 else end + len("</tool_call>")
+            block = self.text[start:stop]
+            found = parse_tagged(block, self.tools).tool_calls
+            self._sent = stop
+            if found:
+                calls.extend(found)
+            else:
+                content += block
+
+
+def _safe_end(text: str, start: int, tag: str) -> int:
+    """Where text can go out without cutting a possible `tag` at its end: hold any suffix that is a prefix of it."""
+    for k in range(min(len(tag) - 1, len(text) - start), 0, -1):
+        if tag.startswith(text[len(text) - k :]):
+            return len(text) - k
+    return len(text)
+
+
+def _could_be_json_call(text: str) -> bool:
+    """Whether `text` (a whole answer so far) may still become a Llama JSON call."""
+    body = text.lstrip()
+    if PYTHON_TAG.startswith(body) or body.startswith(PYTHON_TAG):
+        return True
+    return body.startswith("{")

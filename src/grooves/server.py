@@ -41,14 +41,18 @@ from typing import Annotated, Any, Literal
 import jsonschema
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from grooves.adapters.live import AdapterTable, UnknownModel
 from grooves.asgi import BodyLimit, ServerErrors
 from grooves.policy.batching import BatchScheduler
-from grooves.policy.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from grooves.policy.constraints import ConstraintError
+from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
+from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion, SamplingParams
 from grooves.policy.transformers_policy import ContextOverflow
+from grooves.serve import compat
+from grooves.serve.streaming import ChoiceStream, ChunkWriter, forward_events, logprob_content, sse
 
 log = logging.getLogger("grooves.server")
 
@@ -115,7 +119,9 @@ class Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # fields outside this model arrive as extras and are checked against the compatibility table
+    # (`serve.compat.check_fields`): refused unless they ask for nothing, never silently ignored
+    model_config = ConfigDict(extra="allow")
 
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -128,14 +134,15 @@ class ChatRequest(BaseModel):
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=0)
-    stream: StrictBool = False
-    # accepted only at the values that change nothing (see `refuse_unsupported`)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    stream: StrictBool | None = False
+    stream_options: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    logit_bias: dict[str, Any] | None = None
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    presence_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    parallel_tool_calls: StrictBool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -179,28 +186,61 @@ def check_content(messages: list[Message]) -> None:
                 raise APIError(400, f"{where}.text must be a string", f"{where}.text")
 
 
-def refuse_unsupported(req: ChatRequest) -> None:
-    """Parameters the sampler cannot honour are a 400 at any value that would change the output."""
-    if req.stream:
-        raise APIError(400, "stream=true is not supported; request without streaming", "stream")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise APIError(400, f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'", "tool_choice")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise APIError(400, "response_format other than {'type': 'text'} is not supported", "response_format")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0):
-            raise APIError(400, f"{name} is not supported; leave it at 0", name)
+def check_fields(req: ChatRequest) -> None:
+    """Every field the request sent is one this server implements (`serve.compat`), used consistently."""
+    sent = {name: getattr(req, name) for name in req.model_fields_set} | dict(req.model_extra or {})
+    try:
+        compat.check_fields(sent)
+    except compat.FieldRefused as exc:
+        raise APIError(400, str(exc), exc.param) from exc
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    if req.stream_options is not None:
+        if not req.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+        unknown = sorted(set(req.stream_options) - {"include_usage"})
+        if unknown:
+            raise APIError(400, f"stream_options.{unknown[0]} is not supported; only include_usage is", f"stream_options.{unknown[0]}")
+        if not isinstance(req.stream_options.get("include_usage", False), bool):
+            raise APIError(400, "stream_options.include_usage must be true or false", "stream_options.include_usage")
+    if req.parallel_tool_calls is False and req.tools and req.tool_choice in (None, "auto"):
+        raise APIError(
+            400, "parallel_tool_calls: false is only enforced with a forced tool_choice ('required' or a named function); "
+            "with 'auto' the model may write several calls", "parallel_tool_calls",
+        )
 
 
-def _logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-    content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        tok = tokenizer.convert_ids_to_tokens(tid)
-        text = tokenizer.decode([tid])
-        content.append({"token": tok, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-    return {"content": content}
+def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
+    """The request's logit_bias as token id -> value, checked (400 naming `logit_bias`)."""
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+            raise APIError(400, f"logit_bias key {key!r} is not a token id of this model (0 .. {vocab_size - 1})", "logit_bias")
+        if not LOGIT_BIAS_RANGE[0] <= value <= LOGIT_BIAS_RANGE[1]:
+            raise APIError(400, f"logit_bias[{key!r}] = {value} is outside {list(LOGIT_BIAS_RANGE)}", "logit_bias")
+        bias[int(key)] = float(value)
+    return bias
+
+
+def constraint_of(policy, req: ChatRequest, tools):
+    """The grammar `response_format` / `tool_choice` impose (None: none); 400 naming the field it cannot enforce."""
+    wants = (req.response_format or {}).get("type", "text") != "text" or req.tool_choice not in (None, "auto", "none")
+    if not wants:
+        return None
+    build = getattr(policy, "constraint_for", None)
+    if build is None:
+        raise APIError(400, "this policy's backend has no constrained decoding (response_format, a forced tool_choice)", "response_format")
+    try:
+        return build(
+            response_format=req.response_format, tools=tools, tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+        )
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), exc.param) from exc
+
+
+def _logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float], top=None) -> dict[str, Any]:
+    return {"content": logprob_content(tokenizer, token_ids, logprobs, top)}
 
 
 def create_app(
@@ -263,7 +303,7 @@ def create_app(
     async def chat(req: ChatRequest, request: Request):
         if req.model not in adapters.names():
             raise APIError(404, f"model {req.model!r} is not served here; available: {adapters.names()}", "model", "model_not_found")
-        refuse_unsupported(req)
+        check_fields(req)
         if req.n > max_n:
             raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
         max_tokens = req.max_completion_tokens or req.max_tokens or 256
@@ -290,8 +330,13 @@ def create_app(
         except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
             raise APIError(400, f"messages could not be rendered by the chat template: {exc}", "messages") from exc
         params = SamplingParams(
-            n=req.n, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop or [], seed=req.seed
+            n=req.n, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop or [], seed=req.seed,
+            logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
+            frequency_penalty=req.frequency_penalty or 0.0, presence_penalty=req.presence_penalty or 0.0,
+            top_logprobs=req.top_logprobs or 0, constraint=constraint_of(policy, req, tools),
         )
+        if req.stream:
+            return _stream(policy, scheduler, adapters, req, messages, tools, prompt_ids, params)
         try:
             with adapters.lease(req.model) as route:  # the adapter stays loaded until this request is answered
                 version = adapters.version_of(route)
@@ -329,6 +374,19 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _extras(c: Completion, prompt_ids, version, adapter_id, temperature) -> dict[str, Any]:
+    """grooves' fields on a choice (on a streamed choice's final chunk)."""
+    return {
+        "token_ids": c.token_ids, "prompt_token_ids": prompt_ids, "sampled_logprobs": c.logprobs,
+        "adapter_version": version, "adapter_id": adapter_id, "temperature": temperature,
+    }
+
+
+def _usage(prompt_ids, completions) -> dict[str, int]:
+    completion_tokens = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens, "total_tokens": len(prompt_ids) + completion_tokens}
+
+
 def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions, version, adapter_id=None) -> dict[str, Any]:
     choices = []
     for i, c in enumerate(completions):
@@ -338,33 +396,69 @@ def _response(policy, req: ChatRequest, messages, tools, prompt_ids, completions
             message["tool_calls"] = parsed.tool_calls
         policy.remember(messages, tools, message, prompt_ids, c)
         finish = "tool_calls" if parsed.tool_calls else c.finish_reason
+        logprobs = _logprobs_block(policy.tokenizer, c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None
         choices.append(
-            {
-                "index": i,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": _logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None,
-                "token_ids": c.token_ids,
-                "prompt_token_ids": prompt_ids,
-                "sampled_logprobs": c.logprobs,
-                "adapter_version": version,
-                "adapter_id": adapter_id,
-                "temperature": req.temperature,
-            }
+            {"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs}
+            | _extras(c, prompt_ids, version, adapter_id, req.temperature)
         )
-    completion_tokens = sum(len(c.token_ids) for c in completions)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
+        "usage": _usage(prompt_ids, completions),
     }
+
+
+def _stream(policy, scheduler: BatchScheduler, adapters: AdapterTable, req: ChatRequest, messages, tools, prompt_ids, params):
+    """The request as server-sent events (`serve.streaming`). The client leaving cancels the
+    generator, which withdraws the request: the sampler drops its rows at the next decode step."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    params.on_token = forward_events(loop, queue)
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    writer = ChunkWriter(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model, include_usage)
+    syntax = policy.tool_format.syntax
+    choices = [
+        ChoiceStream(i, policy.tokenizer, policy.eos_token_ids, req.stop or [], syntax, tools, bool(req.logprobs)) for i in range(req.n)
+    ]
+
+    async def events():
+        sampling = None
+        try:
+            with adapters.lease(req.model) as route:
+                version = adapters.version_of(route)
+                sampling = asyncio.ensure_future(scheduler.submit(prompt_ids, params, adapter=route.adapter_id))
+                sampling.add_done_callback(lambda _: queue.put_nowait(None))
+                yield writer.chunk([c.first() for c in choices])
+                while (event := await queue.get()) is not None:
+                    choice = choices[event.index]
+                    deltas = choice.token(event)
+                    if event.completion is not None:
+                        extras = _extras(event.completion, prompt_ids, version, route.adapter_id, req.temperature)
+                        more, parsed = choice.finish(event.completion, extras)
+                        deltas += more
+                        policy.parse(event.completion.text, tools)  # counted and logged as an unstreamed answer is
+                        policy.remember(messages, tools, choice.message(), prompt_ids, event.completion)
+                    if deltas:
+                        yield writer.chunk(deltas)
+                try:
+                    completions = sampling.result()
+                except Exception as exc:  # headers are out: the error goes in the stream, as OpenAI sends it
+                    log.error("sampling failed: %s: %s", type(exc).__name__, exc)
+                    yield sse(_error_body(f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error"))
+                    return
+                if include_usage:
+                    yield writer.usage(_usage(prompt_ids, completions))
+                yield sse("[DONE]")
+        except UnknownModel as exc:  # removed after the request was checked
+            yield sse(_error_body(str(exc), param="model", code="model_not_found"))
+        finally:
+            if sampling is not None and not sampling.done():  # the client left: withdraw the request
+                sampling.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float = 600.0):

@@ -137,19 +137,26 @@ def _call_schema(tools: list[dict[str, Any]], indices: list[int], key: str) -> t
 
 
 def request_grammar(
-    syntax: CallSyntax, *, response_format: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+    syntax: CallSyntax,
+    *,
+    response_format: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool = True,
 ) -> RequestGrammar | None:
     """The grammar a request's response_format and tool_choice impose, or None when they impose none.
 
-    A forced call (tool_choice "required" or a named function) is the whole output. Otherwise a JSON
-    response_format is the output, or, with tools the model may call (tool_choice "auto"), either
-    the JSON or calls in the policy's syntax.
+    A forced call (tool_choice "required" or a named function) is the whole output: one or more
+    calls for "required" (one with `parallel_tool_calls` false), exactly one for a named function.
+    Otherwise a JSON response_format is the output, or, with tools the model may call (tool_choice
+    "auto"), either the JSON or calls in the policy's syntax.
     """
     forced = _forced_tools(tools, tool_choice)
     fmt = response_format_schema(response_format)
     key = getattr(syntax, "key", "arguments")
     if forced is not None:
         indices, multiple = forced
+        multiple = multiple and parallel_tool_calls
         call, parts = _call_schema(tools, indices, key)
         lark = "start: tool_calls\n" + syntax.grammar(call, multiple=multiple, key=key)
         return RequestGrammar(lark, "tool_choice", tuple((p, _schema_grammar(s)) for p, s in parts))

@@ -58,6 +58,20 @@ class SamplingParams:
     """How many of the most likely tokens to report at each position (0 .. MAX_TOP_LOGPROBS)."""
     constraint: Callable[[], RowLogits] | None = None
     """Makes each sampled row's grammar mask (`policy/constraints.py`); None: unconstrained."""
+    on_token: Callable[[TokenEvent], None] | None = None
+    """Called on the sampling thread after each sampled token of this request (streaming); it must
+    not block: hand the event to another thread (e.g. `loop.call_soon_threadsafe`)."""
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of sample `index` of a request; `completion` is set when it ended that sample."""
+
+    index: int
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None
+    completion: Completion | None
 
 
 @dataclass
@@ -86,6 +100,9 @@ class _Row:
     top_k: int = 0
     """`top_logprobs` of the request: alternatives recorded per token."""
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    index: int = 0
+    """Which of its request's n samples this row is."""
+    on_token: Callable[[TokenEvent], None] | None = None
 
 
 def _hooked(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
@@ -216,7 +233,9 @@ def sample(
         for k in range(p.n):
             g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
             hooks = _row_hooks(p, vocab)
-            rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g, hooks=hooks, top_k=p.top_logprobs))
+            rows.append(
+                _Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g, hooks=hooks, top_k=p.top_logprobs, index=k, on_token=p.on_token)
+            )
             expand.append(slot[i])
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
@@ -249,6 +268,9 @@ def sample(
                 still.append(j)
                 for hook in row.hooks:
                     hook.advance(tok)
+            if row.on_token is not None:
+                done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
+                row.on_token(TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done))
         if not still:
             break
         if len(still) < len(active):

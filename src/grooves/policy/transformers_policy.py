@@ -248,14 +248,17 @@ class TransformersPolicy:
             log.warning("tool call kept as text (%s): %.200r", block.reason, block.text)
         return parsed
 
-    def constraint_for(self, *, response_format=None, tools=None, tool_choice=None):
+    def constraint_for(self, *, response_format=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True):
         """The grammar a request's `response_format` / `tool_choice` imposes on its samples, or None.
 
         Raises `ConstraintError` (with the request field to name) for what cannot be compiled.
         """
         from grooves.policy.constraints import GrammarCompiler, request_grammar
 
-        grammar = request_grammar(self.tool_format.syntax, response_format=response_format, tools=tools, tool_choice=tool_choice)
+        grammar = request_grammar(
+            self.tool_format.syntax, response_format=response_format, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+        )
         if grammar is None:
             return None
         if self._grammars is None:

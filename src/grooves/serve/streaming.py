@@ -1,0 +1,150 @@
+"""Streamed chat completions: OpenAI's `chat.completion.chunk` events over server-sent events.
+
+The sampler reports each token as it is drawn (`SamplingParams.on_token`, on its own thread); the
+request's handler turns those reports into chunks on the event loop. Per choice (`ChoiceStream`):
+
+- a first chunk with `delta: {"role": "assistant", "content": ""}`;
+- content deltas as the text grows (`policy.text_stream.TextStream`: whole characters, nothing
+  that a stop string could still take back);
+- tool calls (`policy.tool_calls.CallStream`): text that may start a call is held until its block
+  is complete, then goes out as `delta.tool_calls` entries (`index`, `id`, `type`, `function.name`
+  and the whole `function.arguments`), or as content if it does not parse: a block that turns out
+  not to be a call cannot be taken back once sent as one;
+- `logprobs.content` for the tokens since the choice's previous chunk, when asked;
+- a final chunk with `finish_reason` and grooves' fields (`token_ids`, `prompt_token_ids`,
+  `sampled_logprobs`, `adapter_version`, `adapter_id`, `temperature`), sent as soon as that
+  sample ends, so with `n > 1` the choices' chunks interleave by `index`.
+
+Then, with `stream_options.include_usage`, a chunk with no choices and the request's `usage`
+(every other chunk carries `usage: null`), and `data: [DONE]`. A failure after the first byte is
+an event `{"error": {...}}` (OpenAI's shape; the `openai` client raises it), then the stream ends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from grooves.policy.sampling import Completion, TokenEvent
+from grooves.policy.text_stream import TextStream
+from grooves.policy.tool_calls import CallStream, CallSyntax, ParsedOutput
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def logprob_content(tokenizer, token_ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None) -> list[dict]:
+    """OpenAI's `logprobs.content` entries: token, logprob, bytes, and the alternatives when asked."""
+
+    def entry(tid: int, lp: float) -> dict[str, Any]:
+        text = tokenizer.decode([tid])
+        return {"token": tokenizer.convert_ids_to_tokens(tid), "logprob": lp, "bytes": list(text.encode())}
+
+    out = []
+    for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
+        alternatives = [entry(t, v) for t, v in top[i]] if top is not None else []
+        out.append(entry(tid, lp) | {"top_logprobs": alternatives})
+    return out
+
+
+class ChoiceStream:
+    """The chunks of one choice, built from its sampled tokens (see module docstring)."""
+
+    def __init__(self, index: int, tokenizer, eos_token_ids, stop: list[str], syntax: CallSyntax, tools, logprobs: bool):
+        self.index, self.tokenizer, self.logprobs = index, tokenizer, logprobs
+        self.text = TextStream(tokenizer, eos_token_ids, stop)
+        self.calls = CallStream(syntax, tools)
+        self._pending: list[tuple[int, float, list[tuple[int, float]] | None]] = []
+        self._calls_sent = 0
+        self._space = ""
+        """Whitespace at the end of the content so far, held: a whole parse strips it when calls follow."""
+        self.content = ""
+        self.tool_calls: list[dict[str, Any]] = []
+        """What was sent: the message the client puts together (and may send back next turn)."""
+        self.done = False
+
+    def first(self) -> dict[str, Any]:
+        return self._choice({"role": "assistant", "content": ""})
+
+    def token(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """Choice deltas after one sampled token (none while its text is held back)."""
+        self._pending.append((event.token, event.logprob, event.top_logprobs))
+        content, calls = self.calls.feed(self.text.feed([event.token]))
+        return self._deltas(content, calls)
+
+    def finish(self, completion: Completion, extras: dict[str, Any]) -> tuple[list[dict[str, Any]], ParsedOutput]:
+        """The choice's last deltas and final chunk, and the parse of its whole text (for the message record)."""
+        content, calls = self.calls.feed(self.text.finish(completion.text))
+        rest, more, parsed = self.calls.finish()
+        out = self._deltas(content + rest, calls + more)
+        if self._space and not self.tool_calls:  # no call came: the text keeps its trailing whitespace
+            out.append(self._choice({"content": self._space}))
+            self.content += self._space
+        finish = "tool_calls" if self._calls_sent else completion.finish_reason
+        out.append(self._choice({}, finish_reason=finish) | extras)
+        self.done = True
+        return out, parsed
+
+    def _deltas(self, content: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        if content:
+            content = self._space + content
+            body = content.rstrip()
+            self._space = content[len(content.rstrip()) :]
+            if body:
+                out.append(self._choice({"content": body}))
+                self.content += body
+        for call in calls:
+            entry = {"index": self._calls_sent, "id": call["id"], "type": "function", "function": dict(call["function"])}
+            self._calls_sent += 1
+            self.tool_calls.append(call)
+            out.append(self._choice({"tool_calls": [entry]}))
+        return out
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message as the client assembles it from the deltas sent."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        block = None
+        if self.logprobs and self._pending and (delta or finish_reason):
+            ids, lps, tops = zip(*self._pending, strict=True)
+            top = [t or [] for t in tops] if any(t is not None for t in tops) else None
+            block = {"content": logprob_content(self.tokenizer, list(ids), list(lps), top)}
+            self._pending = []
+        elif not self.logprobs:
+            self._pending = []
+        return {"index": self.index, "delta": delta, "logprobs": block, "finish_reason": finish_reason}
+
+
+class ChunkWriter:
+    """Wraps choice deltas into `chat.completion.chunk` events of one response."""
+
+    def __init__(self, response_id: str, created: int, model: str, include_usage: bool):
+        self.base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        self.include_usage = include_usage
+
+    def chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        return sse(self.base | {"choices": choices} | ({"usage": None} if self.include_usage else {}))
+
+    def usage(self, usage: dict[str, int]) -> bytes:
+        return sse(self.base | {"choices": [], "usage": usage})
+
+
+def forward_events(loop, queue) -> Callable[[TokenEvent], None]:
+    """A sampler `on_token` that hands each event to `queue` on the event loop (thread-safe, never blocks)."""
+
+    def on_token(event: TokenEvent) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    return on_token

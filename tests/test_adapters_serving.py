@@ -65,7 +65,7 @@ def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters)
     table = AdapterTable(policy)
     table.add("a", adapters["a"])
     table.add("b", adapters["b"])
-    app = create_app(policy, adapters=table)
+    app = create_app(policy, adapters=table, admin=True)
     assert [m["id"] for m in TestClient(app).get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
 
     async def go():
@@ -91,7 +91,7 @@ def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters)
 
 def test_load_and_unload_at_run_time(peaked_model_dir, adapters):
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
-    app = create_app(policy)
+    app = create_app(policy, admin=True)
     http = TestClient(app)
     body = {"model": "c", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
     assert http.post("/v1/chat/completions", json=body).status_code == 404
@@ -120,7 +120,7 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
     table = AdapterTable(policy)
     first = table.add("prod", adapters["a"])
-    app = create_app(policy, adapters=table)
+    app = create_app(policy, adapters=table, admin=True)
     n_requests = 48
 
     async def go():
@@ -233,7 +233,7 @@ def test_an_adapter_with_nan_weights_is_refused(peaked_model_dir, adapters, tmp_
     bad = tmp_path / "diverged"
     shutil.copytree(adapters["a"], bad)
     poison_adapter(bad)
-    app = create_app(TransformersPolicy(str(peaked_model_dir), served_name="tiny"))
+    app = create_app(TransformersPolicy(str(peaked_model_dir), served_name="tiny"), admin=True)
     http = TestClient(app)
     answer = http.post("/v1/adapters", json={"name": "d", "path": str(bad)})
     assert answer.status_code == 400

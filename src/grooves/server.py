@@ -43,9 +43,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from grooves.adapters.live import AdapterTable, UnknownModel
-from grooves.asgi import BodyLimit, ServerErrors
+from grooves.asgi import ApiKey, BodyLimit, ServerErrors
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.constraints import ConstraintError
 from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
@@ -249,15 +250,18 @@ def create_app(
     max_n: int = 64,
     max_batch_rows: int = 64,
     adapters: AdapterTable | None = None,
-    admin: bool = True,
+    admin: bool = False,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The HTTP app. `policy` is a `TransformersPolicy` (or anything with its interface).
 
     `adapters` routes model names to adapters (default: the policy's own name only); `admin`
-    mounts the /v1/adapters endpoints that change them. `max_body_bytes` caps a request body
-    (413); `max_request_tokens` caps `n x max_tokens` of one request (400; None: no cap).
+    mounts the /v1/adapters endpoints that change them (off by default: they load any path on the
+    server's disk). `api_key`, when set, is required on every route as `Authorization: Bearer
+    <key>` (401 otherwise). `max_body_bytes` caps a request body (413); `max_request_tokens` caps
+    `n x max_tokens` of one request (400; None: no cap).
     """
     from grooves.adapters.admin import admin_router
     from grooves.adapters.promote import Promoter
@@ -276,6 +280,24 @@ def create_app(
         too_large=lambda limit: _error_body(f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"),
     )
     app.add_middleware(ServerErrors, body=lambda exc: _error_body(f"internal error: {type(exc).__name__}", kind="server_error"))
+    if api_key is not None:  # outermost: a request without the key is refused before its body is read
+        app.add_middleware(
+            ApiKey, key=api_key,
+            unauthorized=lambda reason: _error_body(
+                f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)", code="invalid_api_key"
+            ),
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # unknown routes and methods: OpenAI's error shape, not FastAPI's {"detail": ...}
+        if exc.status_code == 404:
+            message, code = f"no route {request.method} {request.url.path}; this server has /v1/models, /v1/chat/completions, /health", "not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return JSONResponse(status_code=exc.status_code, content=_error_body(message, code=code), headers=exc.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
@@ -298,6 +320,25 @@ def create_app(
             for r in adapters.routes()
         ]
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        for entry in (await models())["data"]:
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(404, f"model {model_id!r} is not served here; available: {adapters.names()}", "model", "model_not_found")
+
+    @app.get("/health")
+    async def health():
+        counters = scheduler.counters
+        calls = getattr(policy, "tool_calls", None)
+        return {
+            "status": "ok",
+            "models": adapters.names(),
+            "adapter_version": getattr(policy, "adapter_version", None),
+            "sampler": {"batches": counters.batches, "failed_requests": counters.failed_requests, "cancelled_requests": counters.cancelled_requests},
+            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed} if calls is not None else None,
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
@@ -480,13 +521,15 @@ def serve(
     port: int = 8000,
     max_n: int = 64,
     adapters: AdapterTable | None = None,
-    admin: bool = True,
+    admin: bool = False,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
+    api_key: str | None = None,
 ) -> None:
     import uvicorn
 
     app = create_app(
-        policy, max_n=max_n, adapters=adapters, admin=admin, max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens
+        policy, max_n=max_n, adapters=adapters, admin=admin, max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
+        api_key=api_key,
     )
     uvicorn.run(app, host=host, port=port, log_level="info")

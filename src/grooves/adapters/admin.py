@@ -9,8 +9,9 @@
 `path` is resolved on the server like every adapter command's SOURCE: an adapter folder, a
 checkpoint folder, or a run folder with `select` = latest | best | step (and `metric`, `mode`).
 Loading reads files and waits for the sampler's lock, so it runs on a worker thread; the event
-loop keeps answering requests meanwhile. These endpoints change what the server runs: bind the
-server to a private interface, or start it with `--no-admin`.
+loop keeps answering requests meanwhile. These endpoints change what the server runs and read any
+path on its disk, so `grooves serve` mounts them only with `--admin` (with `--api-key` they need
+the key like every route), and the trainer's own server never does.
 """
 
 from __future__ import annotations

@@ -43,7 +43,15 @@ def serve_command(
         help="A LoRA adapter (peft folder, checkpoint or run folder). PATH: the model itself uses it; "
         "NAME=PATH: served as model NAME beside the base (repeatable; more load at run time via /v1/adapters).",
     ),  # fmt: skip
-    admin: bool = typer.Option(True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."),
+    admin: bool = typer.Option(
+        False, "--admin",
+        help="Mount /v1/adapters (load, unload, promote, roll back at run time). They load any path on this machine's disk: "
+        "only with --api-key, or on a loopback host.",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="GROOVES_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every route (401 otherwise); or set GROOVES_API_KEY.",
+    ),
     max_n: int = typer.Option(64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."),
     max_request_tokens: int | None = typer.Option(
         None, "--max-request-tokens", min=1, help="Largest n x max_tokens one request may ask for; default 65536."
@@ -79,7 +87,13 @@ def serve_command(
         # libgomp's spinning threads slowed the sampler 5-15x when other processes shared the cores
         console.print("tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)", highlight=False)
     limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
-    serve(policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin, **{k: v for k, v in limits.items() if v is not None})
+    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"warning: --host {host} without --api-key: anyone who reaches this port can use the model", highlight=False)
+    serve(
+        policy, host=host, port=port, max_n=max_n, adapters=table, admin=admin, api_key=api_key,
+        **{k: v for k, v in limits.items() if v is not None},
+    )
 
 
 @models_app.command("fetch")

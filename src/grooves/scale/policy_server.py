@@ -53,8 +53,12 @@ class ThreadedServer:
 class PolicyServer(ThreadedServer):
     """A policy's OpenAI-compatible app; `url` is the base URL for an `openai` client."""
 
-    def __init__(self, policy, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None, timeout_s: float = 30.0):
-        self.app = create_app(policy)
+    def __init__(
+        self, policy, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None, timeout_s: float = 30.0,
+        api_key: str | None = None,
+    ):
+        # no admin routes: the trainer's server samples, and nothing may change what it runs from outside
+        self.app = create_app(policy, api_key=api_key)
         super().__init__(self.app, host=host, port=port, advertise=advertise, timeout_s=timeout_s)
         self.url = self.base_url + "/v1"
 

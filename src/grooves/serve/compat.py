@@ -61,6 +61,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "safety_identifier": _refused("grooves keeps no per-user records"),
     "prompt_cache_key": _refused("no prompt cache to route"),
     "prompt_cache_retention": _refused("no prompt cache"),
+    "prompt_cache_options": _refused("no prompt cache"),
+    "moderation": _refused("no moderation"),
     "service_tier": _refused("one tier; \"auto\" and \"default\" are accepted", "auto", "default"),
     "modalities": _refused("text only; [\"text\"] is accepted", ["text"]),
     "audio": _refused("text only"),
@@ -82,6 +84,9 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "choices[].message.content": FieldSupport("supported", "the text outside tool calls; null when there is none"),
     "choices[].message.tool_calls": FieldSupport("supported", "calls parsed from the text (id, type, function name and arguments)"),
     "choices[].message.refusal": FieldSupport("refused", "never sent: no refusal classifier"),
+    "choices[].message.annotations": FieldSupport("refused", "never sent: no web search"),
+    "choices[].message.audio": FieldSupport("refused", "never sent: text only"),
+    "choices[].message.function_call": FieldSupport("refused", "never sent: calls come as `tool_calls`"),
     "choices[].finish_reason": FieldSupport("limited", '"stop", "length", "tool_calls"; never "content_filter"'),
     "choices[].logprobs": FieldSupport("supported", "`content` entries with token, logprob, bytes, top_logprobs; null unless asked"),
     "choices[].token_ids": FieldSupport("supported", "grooves: the sampled ids"),
@@ -93,6 +98,8 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "usage": FieldSupport("limited", "prompt_tokens, completion_tokens, total_tokens; no token details"),
     "system_fingerprint": FieldSupport("refused", "never sent"),
     "service_tier": FieldSupport("refused", "never sent"),
+    "metadata": FieldSupport("refused", "never sent: nothing is stored"),
+    "moderation": FieldSupport("refused", "never sent: no moderation"),
 }
 
 

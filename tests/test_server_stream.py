@@ -51,6 +51,8 @@ def collect(chunks):
     for chunk in chunks:
         if chunk.usage is not None:
             usage = chunk.usage
+        indices = [c.index for c in chunk.choices]
+        assert len(indices) == len(set(indices))  # one entry per choice in a chunk
         for c in chunk.choices:
             order.append(c.index)
             got = out.setdefault(c.index, {"content": "", "calls": {}, "finish": None, "final": None, "role": None, "logprobs": []})

@@ -457,7 +457,7 @@ def _stream(policy, scheduler: BatchScheduler, adapters: AdapterTable, req: Chat
     generator, which withdraws the request: the sampler drops its rows at the next decode step."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    params.on_token = forward_events(loop, queue)
+    params.on_tokens = forward_events(loop, queue)
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     writer = ChunkWriter(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model, include_usage)
     syntax = policy.tool_format.syntax
@@ -473,17 +473,18 @@ def _stream(policy, scheduler: BatchScheduler, adapters: AdapterTable, req: Chat
                 sampling = asyncio.ensure_future(scheduler.submit(prompt_ids, params, adapter=route.adapter_id))
                 sampling.add_done_callback(lambda _: queue.put_nowait(None))
                 yield writer.chunk([c.first() for c in choices])
-                while (event := await queue.get()) is not None:
-                    choice = choices[event.index]
-                    deltas = choice.token(event)
-                    if event.completion is not None:
-                        extras = _extras(event.completion, prompt_ids, version, route.adapter_id, req.temperature)
-                        more, parsed = choice.finish(event.completion, extras)
-                        deltas += more
-                        policy.parse(event.completion.text, tools)  # counted and logged as an unstreamed answer is
-                        policy.remember(messages, tools, choice.message(), prompt_ids, event.completion)
+                while (step := await queue.get()) is not None:
+                    deltas = []
+                    for event in step:
+                        choice = choices[event.index]
+                        deltas += choice.token(event)
+                        if event.completion is not None:
+                            extras = _extras(event.completion, prompt_ids, version, route.adapter_id, req.temperature)
+                            deltas += choice.finish(event.completion, extras)[0]
+                            policy.parse(event.completion.text, tools)  # counted and logged as an unstreamed answer is
+                            policy.remember(messages, tools, choice.message(), prompt_ids, event.completion)
                     if deltas:
-                        yield writer.chunk(deltas)
+                        yield writer.chunks(deltas)
                 try:
                     completions = sampling.result()
                 except Exception as exc:  # headers are out: the error goes in the stream, as OpenAI sends it

@@ -58,9 +58,10 @@ class SamplingParams:
     """How many of the most likely tokens to report at each position (0 .. MAX_TOP_LOGPROBS)."""
     constraint: Callable[[], RowLogits] | None = None
     """Makes each sampled row's grammar mask (`policy/constraints.py`); None: unconstrained."""
-    on_token: Callable[[TokenEvent], None] | None = None
-    """Called on the sampling thread after each sampled token of this request (streaming); it must
-    not block: hand the event to another thread (e.g. `loop.call_soon_threadsafe`)."""
+    on_tokens: Callable[[list[TokenEvent]], None] | None = None
+    """Called on the sampling thread after each decode step with the tokens this request's rows
+    sampled in it (streaming); it must not block: hand the events to another thread (e.g.
+    `loop.call_soon_threadsafe`). One call per step, not per row, keeps the handoffs few."""
 
 
 @dataclass
@@ -102,7 +103,7 @@ class _Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     index: int = 0
     """Which of its request's n samples this row is."""
-    on_token: Callable[[TokenEvent], None] | None = None
+    on_tokens: Callable[[list[TokenEvent]], None] | None = None
 
 
 def _hooked(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
@@ -234,7 +235,7 @@ def sample(
             g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
             hooks = _row_hooks(p, vocab)
             rows.append(
-                _Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g, hooks=hooks, top_k=p.top_logprobs, index=k, on_token=p.on_token)
+                _Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g, hooks=hooks, top_k=p.top_logprobs, index=k, on_tokens=p.on_tokens)
             )
             expand.append(slot[i])
     index = torch.tensor(expand, device=device)
@@ -248,6 +249,7 @@ def sample(
         tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
         gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
         still: list[int] = []
+        events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
         for j, a in enumerate(active):
             row = rows[a]
             if row.request in gone:
@@ -268,9 +270,11 @@ def sample(
                 still.append(j)
                 for hook in row.hooks:
                     hook.advance(tok)
-            if row.on_token is not None:
+            if row.on_tokens is not None:
                 done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
-                row.on_token(TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done))
+                events.setdefault(row.request, []).append(TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done))
+        for request, step in events.items():
+            params[request].on_tokens(step)
         if not still:
             break
         if len(still) < len(active):

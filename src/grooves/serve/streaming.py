@@ -13,7 +13,11 @@ request's handler turns those reports into chunks on the event loop. Per choice 
 - `logprobs.content` for the tokens since the choice's previous chunk, when asked;
 - a final chunk with `finish_reason` and grooves' fields (`token_ids`, `prompt_token_ids`,
   `sampled_logprobs`, `adapter_version`, `adapter_id`, `temperature`), sent as soon as that
-  sample ends, so with `n > 1` the choices' chunks interleave by `index`.
+  sample ends.
+
+One chunk carries what one decode step gave all of a request's choices: with `n > 1` its
+`choices` holds a delta per choice that has one (OpenAI's chunk allows several, each `index` at
+most once), so the choices interleave by `index` and a step costs one event, not n.
 
 Then, with `stream_options.include_usage`, a chunk with no choices and the request's `usage`
 (every other chunk carries `usage: null`), and `data: [DONE]`. A failure after the first byte is
@@ -134,17 +138,30 @@ class ChunkWriter:
     def chunk(self, choices: list[dict[str, Any]]) -> bytes:
         return sse(self.base | {"choices": choices} | ({"usage": None} if self.include_usage else {}))
 
+    def chunks(self, deltas: list[dict[str, Any]]) -> bytes:
+        """Events for a step's choice deltas: chunk k holds each choice's k-th delta, so no chunk names
+        one `index` twice (a client may keep one entry per index) and most steps are one chunk."""
+        rounds: list[list[dict[str, Any]]] = []
+        seen: dict[int, int] = {}
+        for delta in deltas:
+            k = seen.get(delta["index"], 0)
+            seen[delta["index"]] = k + 1
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append(delta)
+        return b"".join(self.chunk(r) for r in rounds)
+
     def usage(self, usage: dict[str, int]) -> bytes:
         return sse(self.base | {"choices": [], "usage": usage})
 
 
-def forward_events(loop, queue) -> Callable[[TokenEvent], None]:
-    """A sampler `on_token` that hands each event to `queue` on the event loop (thread-safe, never blocks)."""
+def forward_events(loop, queue) -> Callable[[list[TokenEvent]], None]:
+    """A sampler `on_tokens` that hands each step's events to `queue` on the event loop (thread-safe, never blocks)."""
 
-    def on_token(event: TokenEvent) -> None:
+    def on_tokens(events: list[TokenEvent]) -> None:
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
+            loop.call_soon_threadsafe(queue.put_nowait, events)
         except RuntimeError:  # the loop has closed: nobody is listening any more
             pass
 
-    return on_token
+    return on_tokens

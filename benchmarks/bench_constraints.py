@@ -33,7 +33,7 @@ import torch
 
 from grooves.policy import constraints
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 WEATHER = {
     "type": "function",
@@ -58,11 +58,23 @@ SCHEMA = {
 CASES = {
     "none": ({}, None),
     "json_object": ({"response_format": {"type": "json_object"}}, None),
-    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}}, None),
+    "json_schema": (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": SCHEMA, "strict": True},
+            }
+        },
+        None,
+    ),
     "tools, tool_choice=auto": ({"tool_choice": "auto"}, [WEATHER]),
     "tools, tool_choice=required": ({"tool_choice": "required"}, [WEATHER]),
 }
-BASELINE = {"json_object": "none", "json_schema": "none", "tools, tool_choice=required": "tools, tool_choice=auto"}
+BASELINE = {
+    "json_object": "none",
+    "json_schema": "none",
+    "tools, tool_choice=required": "tools, tool_choice=auto",
+}
 """Each constrained case is compared with the unconstrained one of the same prompt (tools make it longer)."""
 QUESTION = "Describe Paris: its population, whether it is a capital, its area and its languages. What is the weather there?"
 
@@ -94,7 +106,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
-        "--ignore-eos", action="store_true",
+        "--ignore-eos",
+        action="store_true",
         help="every row runs to --max-tokens (a finished grammar allows only end-of-turn tokens): equal work per method",
     )
     args = ap.parse_args()
@@ -103,12 +116,12 @@ def main() -> None:
     runs: dict[str, list[tuple[float, int, float, float]]] = {name: [] for name in CASES}
     prepared = {}
     for name, (request, tools) in CASES.items():
-        prompt = policy.render([{"role": "user", "content": QUESTION}], tools)
-        constraint = policy.constraint_for(tools=tools, **request)
+        prompt = policy.prompts.render([{"role": "user", "content": QUESTION}], tools)
+        constraint = policy.prompts.constraint_for(tools=tools, **request)
         factory = (lambda c=constraint: _Timed(c())) if constraint is not None else None
         prepared[name] = (prompt, factory)
     if args.ignore_eos:  # after the grammars were compiled with the real end-of-turn ids
-        policy.eos_token_ids = set()
+        policy.sampler.eos_token_ids = set()
 
     def once(name: str) -> tuple[float, int, float, float]:
         prompt, factory = prepared[name]
@@ -131,15 +144,36 @@ def main() -> None:
     for name, samples in runs.items():
         base = BASELINE.get(name, name)
         grammar_ms = statistics.median(1000 * g / t for _, t, g, _ in samples)
-        rows.append({"constraint": name, "tokens_per_s": tps[name], "baseline": base, "vs_baseline": tps[name] / tps[base],
-                     "cpu_ms_per_token": cpu[name], "cpu_vs_baseline": cpu[name] / cpu[base], "grammar_ms_per_token": grammar_ms,
-                     "runs": [{"seconds": s, "tokens": t, "grammar_seconds": g, "cpu_seconds": c} for s, t, g, c in samples]})
-        print(f"{name:28s} {tps[name]:7.1f} tok/s  {tps[name] / tps[base]:5.2f}x of {base!r}  "
-              f"cpu {cpu[name]:6.2f} ms/token ({cpu[name] / cpu[base]:4.2f}x)  grammar {grammar_ms:.3f} ms/token")
+        rows.append(
+            {
+                "constraint": name,
+                "tokens_per_s": tps[name],
+                "baseline": base,
+                "vs_baseline": tps[name] / tps[base],
+                "cpu_ms_per_token": cpu[name],
+                "cpu_vs_baseline": cpu[name] / cpu[base],
+                "grammar_ms_per_token": grammar_ms,
+                "runs": [
+                    {"seconds": s, "tokens": t, "grammar_seconds": g, "cpu_seconds": c}
+                    for s, t, g, c in samples
+                ],
+            }
+        )
+        print(
+            f"{name:28s} {tps[name]:7.1f} tok/s  {tps[name] / tps[base]:5.2f}x of {base!r}  "
+            f"cpu {cpu[name]:6.2f} ms/token ({cpu[name] / cpu[base]:4.2f}x)  grammar {grammar_ms:.3f} ms/token"
+        )
     report = {
-        "model": args.model, "n": args.n, "max_tokens": args.max_tokens, "runs": args.runs, "ignore_eos": args.ignore_eos,
-        "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_average": os.getloadavg(), "llguidance": _version("llguidance"), "results": rows,
+        "model": args.model,
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "runs": args.runs,
+        "ignore_eos": args.ignore_eos,
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average": os.getloadavg(),
+        "llguidance": _version("llguidance"),
+        "results": rows,
         "json_format": constraints.JSON_FORMAT,
     }
     if args.json is not None:

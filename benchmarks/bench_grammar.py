@@ -43,7 +43,13 @@ SCHEMA = {
     "required": ["city", "population", "capital", "area_km2", "languages"],
     "additionalProperties": False,
 }
-DOCUMENT = {"city": "Paris", "population": 2102650, "capital": True, "area_km2": 105.4, "languages": ["French", "Breton"]}
+DOCUMENT = {
+    "city": "Paris",
+    "population": 2102650,
+    "capital": True,
+    "area_km2": 105.4,
+    "languages": ["French", "Breton"],
+}
 NESTED = {"a": {"b": {"c": {"d": {"e": [1, 2, {"f": "deep"}]}}}}}
 
 
@@ -169,7 +175,9 @@ def walk(lib, matcher, tokens: list[int], logits: torch.Tensor) -> tuple[list[fl
 
 
 @torch.no_grad()
-def model_walk(lib, matcher, model, prompt_ids: list[int], eos: int, max_tokens: int) -> tuple[list[float], list[int]]:
+def model_walk(
+    lib, matcher, model, prompt_ids: list[int], eos: int, max_tokens: int
+) -> tuple[list[float], list[int]]:
     """Greedy decoding of the real model under the grammar: mask + advance seconds per token, and the tokens."""
     mask = torch.full((1, (lib.vocab + 31) // 32), -1, dtype=torch.int32)
     out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
@@ -211,7 +219,11 @@ def _outlines_vocabulary(outlines_core, tokenizer):
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level BPE alphabet: each byte as the printable character its tokens spell it with."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -288,9 +300,14 @@ def main() -> None:
                 }
             if error is None:
                 prompt = tokenizer.apply_chat_template(
-                    [{"role": "user", "content": questions[kind]}], add_generation_prompt=True, tokenize=True, return_dict=True
+                    [{"role": "user", "content": questions[kind]}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=True,
                 )["input_ids"]
-                steps, sampled = model_walk(lib, lib.compile(kind), model, prompt, tokenizer.eos_token_id, args.max_tokens)
+                steps, sampled = model_walk(
+                    lib, lib.compile(kind), model, prompt, tokenizer.eos_token_id, args.max_tokens
+                )
                 row[kind] |= {
                     "model_tokens": len(sampled),
                     "model_mask_and_advance_ms": _median_ms(steps),

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from grooves.policy.transformers_policy import TransformersPolicy
-from grooves.server import inprocess_client
+from grooves.policy.transformers import TransformersPolicy
+from grooves.serve.app import inprocess_client
 
 PROMPT = (
     "Write a long, detailed story about a dragon who learns to bake bread in a small village. "
@@ -45,8 +45,12 @@ def main() -> None:
     client = inprocess_client(policy)
     loop = asyncio.new_event_loop()
     request = {
-        "model": policy.served_name, "messages": [{"role": "user", "content": PROMPT}], "n": args.n,
-        "max_tokens": args.max_tokens, "temperature": 1.0, "seed": 1,
+        "model": policy.served_name,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "temperature": 1.0,
+        "seed": 1,
     }
 
     async def plain() -> tuple[int, list[list[int]]]:
@@ -54,7 +58,9 @@ def main() -> None:
         return resp.usage.completion_tokens, [c.token_ids for c in resp.choices]
 
     async def streamed() -> tuple[int, list[list[int]]]:
-        stream = await client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+        stream = await client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
         tokens, ids = 0, {}
         async for chunk in stream:
             if chunk.usage is not None:
@@ -82,17 +88,32 @@ def main() -> None:
     for name, samples in runs.items():
         tps = statistics.median(t / s for s, _, t in samples)
         cpu_ms = statistics.median(1000 * c / t for _, c, t in samples)
-        rows.append({"method": name, "tokens_per_s": tps, "cpu_ms_per_token": cpu_ms,
-                     "runs": [{"seconds": s, "cpu_seconds": c, "tokens": t} for s, c, t in samples]})
+        rows.append(
+            {
+                "method": name,
+                "tokens_per_s": tps,
+                "cpu_ms_per_token": cpu_ms,
+                "runs": [{"seconds": s, "cpu_seconds": c, "tokens": t} for s, c, t in samples],
+            }
+        )
     base = rows[0]
     for r in rows:
         r["tokens_per_s_vs_not_streamed"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["cpu_vs_not_streamed"] = r["cpu_ms_per_token"] / base["cpu_ms_per_token"]
-        print(f"{r['method']:14s} {r['tokens_per_s']:7.1f} tok/s ({r['tokens_per_s_vs_not_streamed']:.3f}x)  "
-              f"cpu {r['cpu_ms_per_token']:6.2f} ms/token ({r['cpu_vs_not_streamed']:.3f}x)")
-    report = {"model": args.model, "n": args.n, "max_tokens": args.max_tokens, "runs": args.runs,
-              "torch_threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-              "load_average_before_after": load, "results": rows}
+        print(
+            f"{r['method']:14s} {r['tokens_per_s']:7.1f} tok/s ({r['tokens_per_s_vs_not_streamed']:.3f}x)  "
+            f"cpu {r['cpu_ms_per_token']:6.2f} ms/token ({r['cpu_vs_not_streamed']:.3f}x)"
+        )
+    report = {
+        "model": args.model,
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "runs": args.runs,
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average_before_after": load,
+        "results": rows,
+    }
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -116,5 +116,7 @@ class ApiKey:
             await self.app(scope, receive, send)
             return
         reason = "no API key was sent" if not header else "the API key is not this server's"
-        response = JSONResponse(self.unauthorized(reason), status_code=401, headers={"www-authenticate": "Bearer"})
+        response = JSONResponse(
+            self.unauthorized(reason), status_code=401, headers={"www-authenticate": "Bearer"}
+        )
         await response(scope, receive, send)

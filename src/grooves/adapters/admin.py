@@ -10,8 +10,9 @@
 checkpoint folder, or a run folder with `select` = latest | best | step (and `metric`, `mode`).
 Loading reads files and waits for the sampler's lock, so it runs on a worker thread; the event
 loop keeps answering requests meanwhile. These endpoints change what the server runs and read any
-path on its disk, so `grooves serve` mounts them only with `--admin` (with `--api-key` they need
-the key like every route), and the trainer's own server never does.
+path on its disk, so an app has them only when its owner mounts them (`mount_admin`; `grooves
+serve` does only with `--admin`, and with `--api-key` they need the key like every route); the
+trainer's own server never does.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import re
 from dataclasses import asdict
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
-from grooves.adapters.live import AdapterConflict, AdapterTable, Route, UnknownModel
 from grooves.adapters.promote import NothingToRollBack, Promoter
 from grooves.adapters.registry import (
     DEFAULT_METRIC,
@@ -33,7 +33,8 @@ from grooves.adapters.registry import (
     check_adapter_finite,
     resolve_adapter,
 )
-from grooves.server import APIError
+from grooves.serve.errors import APIError
+from grooves.serve.routing import AdapterConflict, AdapterTable, Route, UnknownModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -52,7 +53,11 @@ class NewAdapter(AdapterSource):
 
 
 def route_json(table: AdapterTable, route: Route, promoter: Promoter | None = None) -> dict:
-    body = {**asdict(route), "version": table.version_of(route), "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None}
+    body = {
+        **asdict(route),
+        "version": table.version_of(route),
+        "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None,
+    }
     if promoter is not None:
         body["history"] = promoter.history(route.name)
     return body
@@ -76,7 +81,11 @@ async def _call(fn, *args):
         raise APIError(404, str(exc), "name", "model_not_found") from exc
     except (AdapterConflict, NothingToRollBack) as exc:
         raise APIError(409, str(exc), "name", "conflict") from exc
-    except (ValueError, RuntimeError, OSError) as exc:  # peft/torch: an adapter that does not fit this base model
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as exc:  # peft/torch: an adapter that does not fit this base model
         raise APIError(400, f"could not load the adapter: {exc}", "path") from exc
 
 
@@ -110,3 +119,12 @@ def admin_router(table: AdapterTable, promoter: Promoter) -> APIRouter:
         return route_json(table, route, promoter)
 
     return router
+
+
+def mount_admin(app: FastAPI) -> Promoter:
+    """Add the /v1/adapters endpoints to an app from `serve.create_app`, over its adapter table;
+    returns the `Promoter` behind them (also `app.state.promoter`)."""
+    promoter = Promoter(app.state.adapters)
+    app.state.promoter = promoter
+    app.include_router(admin_router(app.state.adapters, promoter))
+    return promoter

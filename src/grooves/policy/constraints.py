@@ -81,7 +81,9 @@ def response_format_schema(response_format: dict[str, Any] | None) -> tuple[dict
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
-        raise ConstraintError("response_format must be an object like {'type': 'json_object'}", "response_format")
+        raise ConstraintError(
+            "response_format must be an object like {'type': 'json_object'}", "response_format"
+        )
     kind = response_format.get("type", "text")
     if kind == "text":
         return None
@@ -91,11 +93,15 @@ def response_format_schema(response_format: dict[str, Any] | None) -> tuple[dict
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
             raise ConstraintError(
-                "response_format.json_schema must be an object with a 'name' and a 'schema' object", "response_format.json_schema"
+                "response_format.json_schema must be an object with a 'name' and a 'schema' object",
+                "response_format.json_schema",
             )
         strict = spec.get("strict") is True
         return _with_options(spec.get("schema", {}), strict=strict), "response_format.json_schema.schema"
-    raise ConstraintError(f"response_format type {kind!r} is unknown; use 'text', 'json_object' or 'json_schema'", "response_format.type")
+    raise ConstraintError(
+        f"response_format type {kind!r} is unknown; use 'text', 'json_object' or 'json_schema'",
+        "response_format.type",
+    )
 
 
 def _forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple[list[int], bool] | None:
@@ -110,7 +116,10 @@ def _forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple
         name = (tool_choice.get("function") or {}).get("name")
         names = [t.get("function", t).get("name") for t in tools]
         if name not in names:
-            raise ConstraintError(f"tool_choice names function {name!r}, which is not in tools ({names})", "tool_choice.function.name")
+            raise ConstraintError(
+                f"tool_choice names function {name!r}, which is not in tools ({names})",
+                "tool_choice.function.name",
+            )
         return [names.index(name)], False
     raise ConstraintError(
         f"tool_choice={tool_choice!r} is not one of 'none', 'auto', 'required' or {{'type': 'function', 'function': {{'name': ...}}}}",
@@ -118,7 +127,9 @@ def _forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple
     )
 
 
-def _call_schema(tools: list[dict[str, Any]], indices: list[int], key: str) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
+def _call_schema(
+    tools: list[dict[str, Any]], indices: list[int], key: str
+) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
     """The JSON schema of one call to any of these tools, and each tool's own arguments schema with its param."""
     options, parts = [], []
     for i in indices:
@@ -126,14 +137,18 @@ def _call_schema(tools: list[dict[str, Any]], indices: list[int], key: str) -> t
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         strict = fn.get("strict") is True
         parts.append((f"tools[{i}].function.parameters", _with_options(params, strict)))
-        options.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, key: params},
-            "required": ["name", key],
-            "additionalProperties": False,
-        })
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, key: params},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
     call = options[0] if len(options) == 1 else {"anyOf": options}
-    return _with_options(call, strict=all(tools[i].get("function", {}).get("strict") is True for i in indices)), parts
+    return _with_options(
+        call, strict=all(tools[i].get("function", {}).get("strict") is True for i in indices)
+    ), parts
 
 
 def request_grammar(
@@ -167,7 +182,12 @@ def request_grammar(
     if tools and tool_choice != "none":
         call, parts = _call_schema(tools, list(range(len(tools))), key)
         checks += [(p, _schema_grammar(s)) for p, s in parts]
-        lark = "start: tool_calls | content\ncontent: " + _json_rule(schema) + "\n" + syntax.grammar(call, multiple=True, key=key)
+        lark = (
+            "start: tool_calls | content\ncontent: "
+            + _json_rule(schema)
+            + "\n"
+            + syntax.grammar(call, multiple=True, key=key)
+        )
     else:
         lark = "start: " + _json_rule(schema)
     return RequestGrammar(lark, param, tuple(checks))
@@ -193,13 +213,17 @@ class GrammarCompiler:
         for param, text in grammar.schemas:  # each schema alone first, so the error names its field
             self._check(text, param)
         self._check(grammar.lark, grammar.param)
-        matcher = self._ll.LLMatcher(self.tokenizer, self._ll.LLMatcher.grammar_from_lark(grammar.lark), log_level=0)
+        matcher = self._ll.LLMatcher(
+            self.tokenizer, self._ll.LLMatcher.grammar_from_lark(grammar.lark), log_level=0
+        )
         if matcher.is_error():
             raise ConstraintError(f"{grammar.param} cannot be enforced: {matcher.get_error()}", grammar.param)
         return Constraint(matcher, self.tokenizer.vocab_size, self.eos_token_ids)
 
     def _check(self, lark: str, param: str) -> None:
-        error = self._ll.LLMatcher.validate_grammar(self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer)
+        error = self._ll.LLMatcher.validate_grammar(
+            self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer
+        )
         if error:
             raise ConstraintError(f"{param} cannot be enforced: {library_reason(error)}", param)
 
@@ -229,7 +253,9 @@ class GrammarMask:
 
     def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]):
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
-        self._bitmask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)  # [ceil(V / 32)]: bit i of word w = token 32w + i
+        self._bitmask = torch.zeros(
+            (vocab_size + 31) // 32, dtype=torch.int32
+        )  # [ceil(V / 32)]: bit i of word w = token 32w + i
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next."""
@@ -237,12 +263,16 @@ class GrammarMask:
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         if self.matcher.is_error():
             raise RuntimeError(f"the grammar failed while sampling: {self.matcher.get_error()}")
-        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]  # [V] 0/1
+        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[
+            : self.vocab_size
+        ]  # [V] 0/1
         return torch.from_numpy(bits.view(np.bool_))
 
     def apply(self, logits: torch.Tensor) -> None:
         allowed = self.allowed().to(logits.device)
-        if not bool(allowed.any()):  # the grammar has ended and the row goes on (a caller that ignores end-of-turn)
+        if not bool(
+            allowed.any()
+        ):  # the grammar has ended and the row goes on (a caller that ignores end-of-turn)
             allowed[self.eos_token_ids] = True
         width = min(self.vocab_size, logits.shape[-1])
         logits[:width].masked_fill_(~allowed[:width], float("-inf"))
@@ -252,10 +282,14 @@ class GrammarMask:
         if self.matcher.is_stopped():
             return
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused token {token}, which its own mask allowed: {self.matcher.get_error()}")
+            raise RuntimeError(
+                f"the grammar refused token {token}, which its own mask allowed: {self.matcher.get_error()}"
+            )
 
 
-def allowed_mass_mismatch(logits: torch.Tensor, allowed: torch.Tensor, temperature: float = 1.0) -> tuple[float, float]:
+def allowed_mass_mismatch(
+    logits: torch.Tensor, allowed: torch.Tensor, temperature: float = 1.0
+) -> tuple[float, float]:
     """(k1, k3) of one masked draw: what `mismatch_k1_mean` / `mismatch_k3_mean` add for such a token.
 
     A token drawn from the masked distribution q = p * allowed / Z, with Z = sum of p over the

@@ -55,9 +55,13 @@ class LogitBias:
     def __init__(self, bias: dict[int, float], vocab_size: int):
         for token, value in bias.items():
             if not 0 <= token < vocab_size:
-                raise ValueError(f"logit_bias token {token} is not a token id of this model (0 .. {vocab_size - 1})")
+                raise ValueError(
+                    f"logit_bias token {token} is not a token id of this model (0 .. {vocab_size - 1})"
+                )
             if not LOGIT_BIAS_RANGE[0] <= value <= LOGIT_BIAS_RANGE[1]:
-                raise ValueError(f"logit_bias value {value} for token {token} is outside {list(LOGIT_BIAS_RANGE)}")
+                raise ValueError(
+                    f"logit_bias value {value} for token {token} is outside {list(LOGIT_BIAS_RANGE)}"
+                )
         self.ids = torch.tensor(sorted(bias), dtype=torch.long)
         self.values = torch.tensor([float(bias[t]) for t in sorted(bias)], dtype=torch.float32)
 
@@ -95,4 +99,6 @@ def top_logprobs(logp: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
     if k <= 0:
         return [[] for _ in range(logp.shape[0])]
     values, order = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)  # [R, k]
-    return [list(zip(ids, vals, strict=True)) for ids, vals in zip(order.tolist(), values.tolist(), strict=True)]
+    return [
+        list(zip(ids, vals, strict=True)) for ids, vals in zip(order.tolist(), values.tolist(), strict=True)
+    ]

@@ -6,8 +6,10 @@ times (a GRPO group shares its prompt), and (3) several different requests decod
 
 The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
 its n samples, then decode one token per step for all rows, dropping finished rows from the cache
-so late steps cost only what is still running. The decode steps of Llama/Qwen2 models run on a
-leaner forward of our own, the same function in fewer ops (`policy/decode.py`).
+so late steps cost only what is still running. Decode steps run through transformers' forward
+(`TransformersDecode`) unless the caller passes another decoder: a transformers policy's
+`Sampler` (`policy/sampler.py`) passes the fast paths' (`policy/fast/`), a leaner forward for
+Llama/Qwen2 models.
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
@@ -26,11 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from grooves.forward import kept_positions
-from grooves.policy.decode import MatmulPlan, decoder_for
+from grooves.core.forward import kept_positions
 from grooves.policy.logits import LogitBias, Penalties, RowLogits, top_logprobs
 
 MAX_TOP_LOGPROBS = 20
@@ -80,9 +82,54 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    finish_reason: (
+        str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    )
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per token, the `top_logprobs` most likely (token id, logprob) of its distribution; None when not asked."""
+
+
+class Decoder(Protocol):
+    """Decode steps after a prefill: one token per row in, next-token logits out."""
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, index: torch.Tensor) -> None: ...
+
+
+DecoderFactory = Callable[..., Decoder]
+"""`(model, cache, mask [R, P], capacity) -> Decoder`, called once per batch after its prefill;
+`capacity` bounds the sequence length (prompt width + the most new tokens any row may take)."""
+
+
+class TransformersDecode:
+    """Decode steps through the model's own forward and a `DynamicCache`."""
+
+    def __init__(self, model, cache, mask: torch.Tensor):
+        self.model, self.cache, self.mask = model, cache, mask  # mask [R, P]: 1 = a real token
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (tokens, positions: [R]); returns the next-token logits [R, V] in float32."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :].float()
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only these rows (finished rows leave the batch)."""
+        self.cache.reorder_cache(index)
+        self.mask = self.mask[index]
+
+
+def plain_decoder(model, cache, mask: torch.Tensor, capacity: int) -> TransformersDecode:
+    """transformers' forward for every decode step (`capacity` is not needed: its cache grows)."""
+    return TransformersDecode(model, cache, mask)
 
 
 @dataclass
@@ -185,15 +232,12 @@ def sample(
     *,
     eos_token_ids: set[int],
     generator: torch.Generator | None = None,
-    fused: bool = True,
-    plan: MatmulPlan | None = None,
+    decoder: DecoderFactory = plain_decoder,
     cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
-    `fused` decodes Llama-family models with grooves' own lean forward (`policy/decode.py`);
-    False (or another model type) runs every decode step through the model's own forward.
-    `plan` (kept by the caller across batches) picks that forward's matmul form per row count.
+    `decoder` runs the decode steps after the prefill (default: the model's own forward).
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
     (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
@@ -203,7 +247,9 @@ def sample(
         raise ValueError("cancelled must have one entry per prompt")
     for i, p in enumerate(params):
         if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
-            raise ValueError(f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)")
+            raise ValueError(
+                f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
+            )
         if not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"params[{i}].top_logprobs={p.top_logprobs} is outside [0, {MAX_TOP_LOGPROBS}]")
     device = next(model.parameters()).device
@@ -223,7 +269,9 @@ def sample(
 
     # left padding puts every prompt's last token in the last column, the only one that predicts
     last = kept_positions(width - 1, width, device)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last
+    )
     cache = out.past_key_values
     last_logits = out.logits[:, -1, :].float()  # [U, V]
 
@@ -235,13 +283,24 @@ def sample(
             g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
             hooks = _row_hooks(p, vocab)
             rows.append(
-                _Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g, hooks=hooks, top_k=p.top_logprobs, index=k, on_tokens=p.on_tokens)
+                _Row(
+                    i,
+                    p.temperature,
+                    p.top_p,
+                    p.max_tokens,
+                    list(p.stop),
+                    g,
+                    hooks=hooks,
+                    top_k=p.top_logprobs,
+                    index=k,
+                    on_tokens=p.on_tokens,
+                )
             )
             expand.append(slot[i])
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]
-    decode = decoder_for(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0), fused=fused, plan=plan)
+    decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
     next_pos = positions[index, -1] + 1  # [R]
     active = list(range(len(rows)))
 
@@ -272,7 +331,9 @@ def sample(
                     hook.advance(tok)
             if row.on_tokens is not None:
                 done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
-                events.setdefault(row.request, []).append(TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done))
+                events.setdefault(row.request, []).append(
+                    TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done)
+                )
         for request, step in events.items():
             params[request].on_tokens(step)
         if not still:
@@ -316,6 +377,9 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         if cut >= 0:
             text = text[:cut]
     return Completion(
-        token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length",
+        token_ids=row.tokens,
+        logprobs=row.logprobs,
+        text=text,
+        finish_reason=row.finish or "length",
         top_logprobs=row.top if row.top_k else None,
     )

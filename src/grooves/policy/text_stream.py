@@ -33,7 +33,9 @@ class TextStream:
         body = [t for t in self.tokens if t not in self.eos_token_ids]
         text = self.tokenizer.decode(body, skip_special_tokens=True)
         ready = len(text)
-        while ready > 0 and text[ready - 1] == REPLACEMENT:  # an incomplete character: wait for its last bytes
+        while (
+            ready > 0 and text[ready - 1] == REPLACEMENT
+        ):  # an incomplete character: wait for its last bytes
             ready -= 1
         cut = _first_stop(text, self.stop)
         if cut is not None:
@@ -48,7 +50,9 @@ class TextStream:
     def finish(self, final_text: str) -> str:
         """The rest of the completion's final text (the sampler's own decode, cut at a stop string)."""
         if not final_text.startswith(self.sent):  # cannot happen when every piece came from `feed`
-            raise ValueError(f"the text already sent ({self.sent!r}) is not a prefix of the completion's text")
+            raise ValueError(
+                f"the text already sent ({self.sent!r}) is not a prefix of the completion's text"
+            )
         delta, self.sent = final_text[len(self.sent) :], final_text
         return delta
 

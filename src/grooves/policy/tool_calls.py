@@ -64,7 +64,11 @@ def new_call(name: str, arguments: Any) -> dict[str, Any]:
     """An OpenAI tool call with a fresh id; `arguments` as the JSON string OpenAI sends."""
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def call_from(item: Any, names: set[str]) -> tuple[dict[str, Any] | None, str]:
@@ -77,10 +81,16 @@ def call_from(item: Any, names: set[str]) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(name, str):
         return None, "the call has no string 'name'"
     if name not in names:
-        return None, f"{name!r} is not one of the request's tools ({', '.join(sorted(map(str, names))) or 'none'})"
+        return (
+            None,
+            f"{name!r} is not one of the request's tools ({', '.join(sorted(map(str, names))) or 'none'})",
+        )
     unknown = set(item) - _CALL_KEYS
     if unknown:
-        return None, f"unknown keys {sorted(unknown)} next to 'name' (arguments go in 'arguments' or 'parameters')"
+        return (
+            None,
+            f"unknown keys {sorted(unknown)} next to 'name' (arguments go in 'arguments' or 'parameters')",
+        )
     if "arguments" in item and "parameters" in item and item["arguments"] != item["parameters"]:
         return None, "both 'arguments' and 'parameters', with different values"
     args = item.get("arguments", item.get("parameters", {}))
@@ -180,7 +190,11 @@ class HermesSyntax:
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         block = 'tool_call_block: "<tool_call>\\n" ' + _json_block(call_schema) + ' "\\n</tool_call>"\n'
-        top = 'tool_calls: tool_call_block ("\\n" tool_call_block)*\n' if multiple else "tool_calls: tool_call_block\n"
+        top = (
+            'tool_calls: tool_call_block ("\\n" tool_call_block)*\n'
+            if multiple
+            else "tool_calls: tool_call_block\n"
+        )
         return top + block
 
 
@@ -276,13 +290,19 @@ class DeclaredSyntax:
         if not calls:
             return self.fallback.parse(text, tools)
         content = message.get("content")
-        return ParsedOutput(content=(content.strip() or None) if isinstance(content, str) else None, tool_calls=calls)
+        return ParsedOutput(
+            content=(content.strip() or None) if isinstance(content, str) else None, tool_calls=calls
+        )
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         return self.fallback.grammar(call_schema, multiple=multiple, key=key)
 
 
-SYNTAXES: dict[str, type] = {"smollm2": SmolLM2Syntax, "hermes": HermesSyntax, "llama3_json": Llama3JsonSyntax}
+SYNTAXES: dict[str, type] = {
+    "smollm2": SmolLM2Syntax,
+    "hermes": HermesSyntax,
+    "llama3_json": Llama3JsonSyntax,
+}
 
 
 def syntax_for_template(chat_template: str | None) -> CallSyntax:
@@ -323,7 +343,9 @@ class CallStream:
         self.text = ""
         self._sent = 0
         """Characters of `text` already handed out (as content or inside a call)."""
-        self._mode = {"smollm2": "tagged", "hermes": "tagged", "llama3_json": "whole"}.get(syntax.name, "held")
+        self._mode = {"smollm2": "tagged", "hermes": "tagged", "llama3_json": "whole"}.get(
+            syntax.name, "held"
+        )
         """tagged: `<tool_call>` blocks; whole: a JSON call is the whole answer; held: a declared
         response template, whose syntax only transformers knows, so the text is read at the end."""
 

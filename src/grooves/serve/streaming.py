@@ -26,13 +26,26 @@ an event `{"error": {...}}` (OpenAI's shape; the `openai` client raises it), the
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from grooves.policy.sampling import Completion, TokenEvent
+from fastapi.responses import StreamingResponse
+
+from grooves.policy.base import Policy
+from grooves.policy.batching import BatchScheduler
+from grooves.policy.sampling import Completion, SamplingParams, TokenEvent
 from grooves.policy.text_stream import TextStream
 from grooves.policy.tool_calls import CallStream, CallSyntax, ParsedOutput
+from grooves.serve.errors import error_body
+from grooves.serve.routing import AdapterTable, UnknownModel
+from grooves.serve.schemas import ChatRequest, logprobs_block, token_record, usage_body
+
+log = logging.getLogger("grooves.server")
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -41,24 +54,12 @@ def sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def logprob_content(tokenizer, token_ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None) -> list[dict]:
-    """OpenAI's `logprobs.content` entries: token, logprob, bytes, and the alternatives when asked."""
-
-    def entry(tid: int, lp: float) -> dict[str, Any]:
-        text = tokenizer.decode([tid])
-        return {"token": tokenizer.convert_ids_to_tokens(tid), "logprob": lp, "bytes": list(text.encode())}
-
-    out = []
-    for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
-        alternatives = [entry(t, v) for t, v in top[i]] if top is not None else []
-        out.append(entry(tid, lp) | {"top_logprobs": alternatives})
-    return out
-
-
 class ChoiceStream:
     """The chunks of one choice, built from its sampled tokens (see module docstring)."""
 
-    def __init__(self, index: int, tokenizer, eos_token_ids, stop: list[str], syntax: CallSyntax, tools, logprobs: bool):
+    def __init__(
+        self, index: int, tokenizer, eos_token_ids, stop: list[str], syntax: CallSyntax, tools, logprobs: bool
+    ):
         self.index, self.tokenizer, self.logprobs = index, tokenizer, logprobs
         self.text = TextStream(tokenizer, eos_token_ids, stop)
         self.calls = CallStream(syntax, tools)
@@ -80,7 +81,9 @@ class ChoiceStream:
         content, calls = self.calls.feed(self.text.feed([event.token]))
         return self._deltas(content, calls)
 
-    def finish(self, completion: Completion, extras: dict[str, Any]) -> tuple[list[dict[str, Any]], ParsedOutput]:
+    def finish(
+        self, completion: Completion, extras: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], ParsedOutput]:
         """The choice's last deltas and final chunk, and the parse of its whole text (for the message record)."""
         content, calls = self.calls.feed(self.text.finish(completion.text))
         rest, more, parsed = self.calls.finish()
@@ -103,7 +106,12 @@ class ChoiceStream:
                 out.append(self._choice({"content": body}))
                 self.content += body
         for call in calls:
-            entry = {"index": self._calls_sent, "id": call["id"], "type": "function", "function": dict(call["function"])}
+            entry = {
+                "index": self._calls_sent,
+                "id": call["id"],
+                "type": "function",
+                "function": dict(call["function"]),
+            }
             self._calls_sent += 1
             self.tool_calls.append(call)
             out.append(self._choice({"tool_calls": [entry]}))
@@ -121,7 +129,7 @@ class ChoiceStream:
         if self.logprobs and self._pending and (delta or finish_reason):
             ids, lps, tops = zip(*self._pending, strict=True)
             top = [t or [] for t in tops] if any(t is not None for t in tops) else None
-            block = {"content": logprob_content(self.tokenizer, list(ids), list(lps), top)}
+            block = logprobs_block(self.tokenizer, list(ids), list(lps), top)
             self._pending = []
         elif not self.logprobs:
             self._pending = []
@@ -165,3 +173,86 @@ def forward_events(loop, queue) -> Callable[[list[TokenEvent]], None]:
             pass
 
     return on_tokens
+
+
+def stream_completion(
+    policy: Policy,
+    scheduler: BatchScheduler,
+    adapters: AdapterTable,
+    req: ChatRequest,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    prompt_ids: list[int],
+    params: SamplingParams,
+) -> StreamingResponse:
+    """The request as server-sent events. The client leaving cancels the generator, which withdraws
+    the request: the sampler drops its rows at the next decode step."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    params.on_tokens = forward_events(loop, queue)
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    writer = ChunkWriter(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model, include_usage)
+    prompts = policy.prompts
+    choices = [
+        ChoiceStream(
+            i,
+            policy.tokenizer,
+            prompts.eos_token_ids,
+            req.stop or [],
+            prompts.tool_format.syntax,
+            tools,
+            bool(req.logprobs),
+        )
+        for i in range(req.n)
+    ]
+
+    async def events():
+        sampling = None
+        try:
+            with adapters.lease(req.model) as route:  # the adapter stays loaded until the stream ends
+                version = adapters.version_of(route)
+                sampling = asyncio.ensure_future(
+                    scheduler.submit(prompt_ids, params, adapter=route.adapter_id)
+                )
+                sampling.add_done_callback(lambda _: queue.put_nowait(None))
+                yield writer.chunk([c.first() for c in choices])
+                while (step := await queue.get()) is not None:
+                    deltas = []
+                    for event in step:
+                        choice = choices[event.index]
+                        deltas += choice.token(event)
+                        if event.completion is not None:
+                            record = token_record(
+                                event.completion,
+                                prompt_ids,
+                                adapter_version=version,
+                                adapter_id=route.adapter_id,
+                                temperature=req.temperature,
+                            )
+                            deltas += choice.finish(event.completion, record)[0]
+                            prompts.parse(
+                                event.completion.text, tools
+                            )  # counted and logged as an unstreamed answer is
+                            prompts.remember(messages, tools, choice.message(), prompt_ids, event.completion)
+                    if deltas:
+                        yield writer.chunks(deltas)
+                try:
+                    completions = sampling.result()
+                except Exception as exc:  # headers are out: the error goes in the stream, as OpenAI sends it
+                    log.error("sampling failed: %s: %s", type(exc).__name__, exc)
+                    yield sse(
+                        error_body(f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error")
+                    )
+                    return
+                if include_usage:
+                    yield writer.usage(
+                        usage_body(len(prompt_ids), sum(len(c.token_ids) for c in completions))
+                    )
+                yield sse("[DONE]")
+        except UnknownModel as exc:  # removed after the request was checked
+            yield sse(error_body(str(exc), param="model", code="model_not_found"))
+        finally:
+            if sampling is not None and not sampling.done():  # the client left: withdraw the request
+                sampling.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})

@@ -1,0 +1,177 @@
+"""The chat completions API's request and response, as grooves serves them.
+
+Requests are validated by these models (a bad field is a 400 naming it); responses are OpenAI's
+chat completion with the fields training needs on every choice (`token_ids`, `prompt_token_ids`,
+`sampled_logprobs`, `adapter_version`, `adapter_id`, `temperature`), which the `openai` client
+keeps as extra attributes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+from grooves.policy.logits import PENALTY_RANGE
+from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion
+
+StrictFloat = Annotated[float, Field(strict=True)]
+"""A JSON number; `true` is refused instead of read as 1."""
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier tool call, as the client sends it back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v):
+        # checked by hand so the error names `content`, not one member of the union
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list) and all(isinstance(p, dict) for p in v):
+            return v
+        raise ValueError(
+            "content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null"
+        )
+
+
+class ChatRequest(BaseModel):
+    # fields outside this model arrive as extras and are checked against the compatibility table
+    # (`serve.compat.check_fields`): refused unless they ask for nothing, never silently ignored
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    n: StrictInt = Field(default=1, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    stream: StrictBool | None = False
+    stream_options: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    presence_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    parallel_tool_calls: StrictBool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+def logprobs_block(
+    tokenizer, token_ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None = None
+) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: each sampled token's text, bytes and logprob, and its
+    `top_logprobs` alternatives (empty unless asked)."""
+
+    def entry(tid: int, lp: float) -> dict[str, Any]:
+        text = tokenizer.decode([tid])
+        return {"token": tokenizer.convert_ids_to_tokens(tid), "logprob": lp, "bytes": list(text.encode())}
+
+    content = []
+    for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
+        alternatives = [entry(t, v) for t, v in top[i]] if top is not None else []
+        content.append(entry(tid, lp) | {"top_logprobs": alternatives})
+    return {"content": content}
+
+
+def token_record(
+    completion: Completion,
+    prompt_ids: list[int],
+    *,
+    adapter_version: int | None,
+    adapter_id: str | None,
+    temperature: float,
+) -> dict[str, Any]:
+    """grooves' fields of a choice: the sample's token record (on a streamed choice's final chunk)."""
+    return {
+        "token_ids": completion.token_ids,
+        "prompt_token_ids": prompt_ids,
+        "sampled_logprobs": completion.logprobs,
+        "adapter_version": adapter_version,
+        "adapter_id": adapter_id,
+        "temperature": temperature,
+    }
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def choice_body(
+    index: int,
+    message: dict[str, Any],
+    finish_reason: str,
+    completion: Completion,
+    prompt_ids: list[int],
+    *,
+    logprobs: dict[str, Any] | None,
+    adapter_version: int | None,
+    adapter_id: str | None,
+    temperature: float,
+) -> dict[str, Any]:
+    """One choice: OpenAI's fields, then grooves' token record of the sample."""
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": logprobs,
+    } | token_record(
+        completion,
+        prompt_ids,
+        adapter_version=adapter_version,
+        adapter_id=adapter_id,
+        temperature=temperature,
+    )
+
+
+def completion_body(
+    model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """A `chat.completion` object around its choices, with the token usage."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage_body(prompt_tokens, completion_tokens),
+    }

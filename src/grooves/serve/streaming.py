@@ -175,6 +175,14 @@ def forward_events(loop, queue) -> Callable[[list[TokenEvent]], None]:
     return on_tokens
 
 
+def _ended(task: asyncio.Future, queue: asyncio.Queue) -> None:
+    """The sampling ended: wake the stream, and read its outcome so that an error after the client
+    left (the sampler closing under a Ctrl-C) is not printed as an exception nobody retrieved."""
+    queue.put_nowait(None)
+    if not task.cancelled():
+        task.exception()
+
+
 def stream_completion(
     policy: Policy,
     scheduler: BatchScheduler,
@@ -214,7 +222,7 @@ def stream_completion(
                 sampling = asyncio.ensure_future(
                     scheduler.submit(prompt_ids, params, adapter=route.adapter_id)
                 )
-                sampling.add_done_callback(lambda _: queue.put_nowait(None))
+                sampling.add_done_callback(lambda task: _ended(task, queue))
                 yield writer.chunk([c.first() for c in choices])
                 while (step := await queue.get()) is not None:
                     deltas = []

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 from grooves.policy.transformers import TransformersPolicy
 from grooves.scale.policy_server import ThreadedServer
@@ -207,6 +207,45 @@ def test_structured_output_through_the_api(policy, app):
             assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
             (call,) = c["message"]["tool_calls"]
             assert call["function"]["name"] == "get_weather"
+
+
+def test_a_schema_llguidance_cannot_compile_is_a_400_with_its_reason(app):
+    async def go():
+        return await inprocess_client(app).chat.completions.create(
+            model="tiny",
+            messages=HELLO,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "strict": True,
+                    "schema": {"type": "array", "uniqueItems": True},
+                },
+            },
+        )
+
+    with pytest.raises(BadRequestError) as info:
+        asyncio.run(go())
+    error = info.value.body
+    assert error["param"] == "response_format.json_schema.schema"
+    assert 'Unimplemented keys: ["uniqueItems"]' in error["message"]  # llguidance's own words
+
+
+def test_a_policy_that_cannot_run_a_grammar_refuses_it_before_sampling(tiny_model_dir):
+    """The vLLM backend's case: its engine does not run the grammar masks, so the request is a 400, not a 500."""
+    policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
+    policy.prompts.grammar_unavailable = "model.backend = 'vllm' samples in vLLM's engine"
+    client = TestClient(create_app(policy))
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 4}
+    for extra, param in (
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+    ):
+        resp = client.post("/v1/chat/completions", json=body | extra)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param
+        assert "model.backend = 'vllm'" in resp.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", json=body | {"tools": [WEATHER]}).status_code == 200
+    assert client.get("/health").json()["sampler"]["batches"] == 1  # only that one reached the sampler
 
 
 def test_logit_bias_and_penalties_through_the_api(policy, app):

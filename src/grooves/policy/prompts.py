@@ -62,6 +62,7 @@ class PromptState:
         max_context: int,
         eos_token_ids: set[int],
         max_records: int = 20_000,
+        grammar_unavailable: str | None = None,
     ):
         self.tokenizer = tokenizer
         self.tool_format: ToolFormat = tool_format_for(tool_format, tokenizer.chat_template, tokenizer)
@@ -69,6 +70,8 @@ class PromptState:
         """Calls read from sampled text, and call-like blocks kept as text because they did not parse."""
         self._grammars = None
         """The grammar compiler for constrained decoding, built on first use (`constraint_for`)."""
+        self.grammar_unavailable = grammar_unavailable
+        """Why this policy's sampler cannot run a grammar (None: it can); a request that needs one is refused."""
         self.max_context = max_context
         self.eos_token_ids = eos_token_ids
         self.guard = ControlTextGuard(tokenizer)
@@ -155,9 +158,10 @@ class PromptState:
         """The grammar a request's `response_format` / `tool_choice` imposes on its samples, or None.
 
         Calls are forced in this model's own tool-call syntax. Raises `ConstraintError` (with the
-        request field to name) for what cannot be compiled.
+        request field to name) for what cannot be compiled, or for any grammar when the policy's
+        sampler cannot run one (`grammar_unavailable`).
         """
-        from grooves.policy.constraints import GrammarCompiler, request_grammar
+        from grooves.policy.constraints import ConstraintError, GrammarCompiler, request_grammar
 
         grammar = request_grammar(
             self.tool_format.syntax,
@@ -168,6 +172,13 @@ class PromptState:
         )
         if grammar is None:
             return None
+        if self.grammar_unavailable is not None:
+            field = grammar.param.split(".")[0]
+            raise ConstraintError(
+                f"{field} needs constrained decoding, which is not available here: {self.grammar_unavailable}; "
+                "send it to a server with model.backend = 'transformers', or leave it out",
+                field,
+            )
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.eos_token_ids)
         return self._grammars.compile(grammar)

@@ -287,6 +287,8 @@ class VLLMPolicy:
             tool_format=tool_format,
             eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
             max_context=max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048)),
+            # refused when the request is read (a 400), not when the engine is handed the batch (a 500)
+            grammar_unavailable="model.backend = 'vllm' samples in vLLM's engine, which does not run grooves' grammar masks",
         )
         self.sleep_level = sleep_level
         self.llm = LLM(

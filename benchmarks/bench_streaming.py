@@ -6,7 +6,10 @@ the same seeded request, so they sample the same tokens: the difference is the s
 (a callback per token on the sampler thread, incremental detokenization, tool-call and chunk
 building, one server-sent event per delta, the client's parsing of each chunk). They take turns,
 one warm-up each, then the median of `--runs`; tokens/s and the process's CPU time per token
-(less moved by other jobs on a shared machine than wall time).
+(less moved by other jobs on a shared machine than wall time). The order alternates from run to
+run, so a load that rises or falls during the benchmark does not favour one side, and each run's
+pair gives a ratio: `paired_*` are the medians of those, which a change of load between runs
+moves less than the ratio of the two medians.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_streaming.py --json docs/results/streaming_overhead.json
 """
@@ -77,8 +80,8 @@ def main() -> None:
         outputs[name] = loop.run_until_complete(fn())[1]
     assert outputs["streamed"] == outputs["not streamed"], "the two variants must sample the same tokens"
     load = [os.getloadavg()[0]]
-    for _ in range(args.runs):
-        for name, fn in methods.items():
+    for run in range(args.runs):
+        for name, fn in sorted(methods.items(), reverse=run % 2 == 1):
             start, cpu = time.perf_counter(), time.process_time()
             tokens, _ = loop.run_until_complete(fn())
             runs[name].append((time.perf_counter() - start, time.process_time() - cpu, tokens))
@@ -100,9 +103,15 @@ def main() -> None:
     for r in rows:
         r["tokens_per_s_vs_not_streamed"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["cpu_vs_not_streamed"] = r["cpu_ms_per_token"] / base["cpu_ms_per_token"]
+        pairs = list(zip(runs["not streamed"], runs[r["method"]], strict=True))
+        # same tokens on both sides of a pair, so the ratios of seconds are the ratios of tokens/s
+        r["paired_tokens_per_s_vs_not_streamed"] = statistics.median(b[0] / x[0] for b, x in pairs)
+        r["paired_cpu_vs_not_streamed"] = statistics.median(x[1] / b[1] for b, x in pairs)
         print(
-            f"{r['method']:14s} {r['tokens_per_s']:7.1f} tok/s ({r['tokens_per_s_vs_not_streamed']:.3f}x)  "
-            f"cpu {r['cpu_ms_per_token']:6.2f} ms/token ({r['cpu_vs_not_streamed']:.3f}x)"
+            f"{r['method']:14s} {r['tokens_per_s']:7.1f} tok/s ({r['tokens_per_s_vs_not_streamed']:.3f}x, "
+            f"paired {r['paired_tokens_per_s_vs_not_streamed']:.3f}x)  "
+            f"cpu {r['cpu_ms_per_token']:6.2f} ms/token ({r['cpu_vs_not_streamed']:.3f}x, "
+            f"paired {r['paired_cpu_vs_not_streamed']:.3f}x)"
         )
     report = {
         "model": args.model,

@@ -2,7 +2,8 @@
 
 `to_sequences` turns a step's groups into training sequences (advantages per group, token in,
 token out); `optimize` accumulates the run's loss (`run_loss`: built once from `[algorithm]`)
-over memory-sized micro-batches and applies one update. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
+over memory-sized micro-batches and applies one update; with `sync` (a data-parallel rank,
+`train.distributed`) it runs its share of the sequences and the ranks sum their gradients first. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
 policy's weights for: the policy's lock and training phase, gradients zeroed first (the update
 is this step's gradient alone, whatever an earlier caller left in `.grad`) and again after.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -101,8 +103,30 @@ _MAX_STATS = ("mismatch_abs_max",)
 weighted by each micro-batch's share of the step's sampled tokens."""
 
 
+class StepSync(Protocol):
+    """How data-parallel ranks split one step (`train.distributed.DataParallel` is one)."""
+
+    def shard(self, seqs: Sequence[TrainSequence]) -> list[TrainSequence]:
+        """This rank's share of the step's sequences."""
+        ...
+
+    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Each gradient summed over the ranks, in place."""
+        ...
+
+    def gather(self, obj: dict[str, float]) -> list[dict[str, float]]:
+        """Every rank's `obj`, in rank order."""
+        ...
+
+
 def optimize(
-    policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss, opt: OptimConfig
+    policy: Policy,
+    optimizer,
+    seqs: list[TrainSequence],
+    loss_fn: Loss,
+    opt: OptimConfig,
+    *,
+    sync: StepSync | None = None,
 ) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
 
@@ -110,14 +134,21 @@ def optimize(
     is inf or NaN is not applied (the adapter and the optimizer state stay as they were): with
     `optim.on_nonfinite = "skip"` one line says so and the stats carry `nonfinite_skipped = 1`; with
     "stop" `NonFiniteStep` is raised.
+
+    With `sync`, this rank runs the loss and backward of its share (`sync.shard(seqs)`) and the
+    ranks sum their gradients before clipping: every token's loss is divided by the whole step's
+    counts, so the sum is the gradient one process computes over all of `seqs`, and every rank
+    applies the same update. The stats are the whole step's on every rank (`combine_stats`).
     """
-    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
+    mine = seqs if sync is None else sync.shard(seqs)
+    batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0)
     counts = StepCounts(
         num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
-    )  # the whole step's
-    params = [p for p in policy.model.parameters() if p.requires_grad]
+    )  # the whole step's, on every rank
     totals: dict[str, float] = {}
     with gradient_step(policy, optimizer) as model:
+        # under the policy's lock: adapters served beside the trained one may come and go meanwhile
+        params = [p for p in model.parameters() if p.requires_grad]
         for batch, prefix_len in batches:
             lp, entropy = _logprobs(model, batch, prefix_len)  # [B, T]
             lp_ref = None
@@ -140,12 +171,15 @@ def optimize(
             )
             stats["loss"] = float(loss.detach())
             _accumulate(totals, stats, share)
+        totals["micro_batches"] = float(len(batches))
+        if sync is not None:  # before clipping: the norm is the whole gradient's
+            sync.sum_gradients(params)
+            totals = combine_stats(sync.gather(totals))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
         finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
         if finite:
             optimizer.step()
     totals["grad_norm"] = grad_norm
-    totals["micro_batches"] = float(len(batches))
     totals["nonfinite_skipped"] = 0.0 if finite else 1.0
     if not finite:
         _nonfinite_step(policy.adapters.version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
@@ -160,6 +194,17 @@ def _accumulate(totals: dict[str, float], stats: dict[str, float], share: float)
             totals[k] = max(totals.get(k, 0.0), v)
         else:
             totals[k] = totals.get(k, 0.0) + v * share
+
+
+def combine_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The step's statistics from the parts of its micro-batches that several ranks accumulated:
+    maxima (`_MAX_STATS`) are the largest; everything else adds up, the token means included,
+    because each part's means were weighted by its share of the whole step's tokens."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = max(out.get(k, v), v) if k in _MAX_STATS else out.get(k, 0.0) + v
+    return out
 
 
 def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None:

@@ -59,6 +59,7 @@ from grooves.train.checkpoint import (
 )
 from grooves.train.data import train_stream
 from grooves.train.distributed import DataParallel
+from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
 from grooves.train.step import optimize, run_loss, to_sequences
@@ -120,6 +121,7 @@ async def run(
 
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
         policy = build_policy(_on_device(config, dp.device(config.model.device)))
+        config = _resolve_micro_batch(config, policy, dp.device(config.model.device))
         app = create_app(policy)
         closing.callback(
             app.state.scheduler.close
@@ -218,6 +220,7 @@ async def run(
             }
             metrics.update(
                 lr=config.optim.lr,
+                micro_batch_tokens=config.optim.micro_batch_tokens,
                 adapter_version=policy.adapters.version,
                 seconds_rollout=t_rollout - t0,
                 seconds_score=t_score - t_rollout,
@@ -274,6 +277,17 @@ def _on_device(config: RunConfig, device: str) -> RunConfig:
     if device == config.model.device:
         return config
     return config.model_copy(update={"model": config.model.model_copy(update={"device": device})})
+
+
+def _resolve_micro_batch(config: RunConfig, policy: Policy, device: str) -> RunConfig:
+    """`optim.micro_batch_tokens` from the free memory once the model has loaded, when unset (said on one line)."""
+    if config.optim.micro_batch_tokens is not None:
+        return config
+    tokens = auto_micro_batch_tokens(policy.model, device, checkpointing=config.optim.gradient_checkpointing)
+    if config.logging.progress:
+        _say(f"optim.micro_batch_tokens = {tokens}, from the free memory of {device} (set it to fix it)")
+    optim = config.optim.model_copy(update={"micro_batch_tokens": tokens})
+    return config.model_copy(update={"optim": optim})
 
 
 async def _score(

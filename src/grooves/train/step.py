@@ -26,6 +26,7 @@ from grooves.core.loss import Loss, StepCounts, build_loss
 from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
+from grooves.train.memory import auto_micro_batch_tokens
 
 
 def to_sequences(
@@ -85,8 +86,39 @@ def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[
             model.eval()
 
 
-def _logprobs(model, batch: TrainBatch, prefix_len: int):
-    """Each token's logprob at the temperature it was sampled at (`batch.temperatures`), not the run's."""
+@contextlib.contextmanager
+def checkpointed_layers(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """transformers' gradient checkpointing of every decoder layer for the span, when `on`
+    (`optim.gradient_checkpointing`): each layer keeps its input and recomputes the rest in the
+    backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174).
+    Non-reentrant (torch's recommended form: no input needs `requires_grad`). It acts only in
+    training mode, so sampling between steps is untouched."""
+    if not on:
+        yield
+        return
+    # activation_checkpointing_* is the newer name; older transformers have only gradient_checkpointing_*
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
+    try:
+        yield
+    finally:
+        disable()
+
+
+def _logprobs(model, batch: TrainBatch, prefix_len: int, checkpointing: bool = False):
+    """Each token's logprob at the temperature it was sampled at (`batch.temperatures`), not the run's.
+
+    A checkpointed layer drops a KV cache (transformers recomputes it without one), so under
+    gradient checkpointing the shared prompt runs only in the packed form, which needs none; with
+    an attention that takes no packed mask, each row then runs its prompt itself."""
+    if prefix_len and checkpointing:
+        if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return token_logprobs(model, batch)
+        return shared_prefix_logprobs(model, batch, prefix_len, pack_suffixes=True)
     if prefix_len:
         return shared_prefix_logprobs(model, batch, prefix_len)
     return token_logprobs(model, batch)
@@ -140,21 +172,26 @@ def optimize(
     counts, so the sum is the gradient one process computes over all of `seqs`, and every rank
     applies the same update. The stats are the whole step's on every rank (`combine_stats`).
     """
+    if opt.micro_batch_tokens is None:  # a caller without a run (the loop resolves it once per run)
+        tokens = auto_micro_batch_tokens(
+            policy.model, str(policy.model.device), checkpointing=opt.gradient_checkpointing
+        )
+        opt = opt.model_copy(update={"micro_batch_tokens": tokens})
     mine = seqs if sync is None else sync.shard(seqs)
     batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0)
     counts = StepCounts(
         num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
     )  # the whole step's, on every rank
     totals: dict[str, float] = {}
-    with gradient_step(policy, optimizer) as model:
+    with gradient_step(policy, optimizer) as model, checkpointed_layers(model, opt.gradient_checkpointing):
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
         params = [p for p in model.parameters() if p.requires_grad]
         for batch, prefix_len in batches:
-            lp, entropy = _logprobs(model, batch, prefix_len)  # [B, T]
+            lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:
                 with torch.no_grad(), model.disable_adapter():
-                    lp_ref, _ = _logprobs(model, batch, prefix_len)
+                    lp_ref, _ = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)
             loss, stats = loss_fn(
                 lp,
                 batch.old_logprobs,

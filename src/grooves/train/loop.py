@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -61,6 +62,7 @@ from grooves.train.data import train_stream
 from grooves.train.distributed import DataParallel
 from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
+from grooves.train.pipeline import RolloutPipeline, VersionPins, staleness_stats
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
 from grooves.train.step import optimize, run_loss, to_sequences
 from grooves.watch import Watch
@@ -145,6 +147,7 @@ async def run(
             config.rollout, task.rollout, policy
         )  # in this process, or Ray actors over HTTP
         closing.callback(rollouts.close)
+        pins = VersionPins(policy, [app.state.adapters], r.max_staleness) if r.max_staleness else None
 
         # continue the checkpoint, or start afresh; the folder changes only now
         state = TrainState(step=0, data_position=0)
@@ -152,6 +155,8 @@ async def run(
             state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
             stream.position = state.data_position
             policy.adapters.version = state.step
+            if pins is not None:
+                pins.restore(checkpoint)
         elif dp.main:
             clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
         log = RunLog(run_dir) if dp.main else None
@@ -175,35 +180,49 @@ async def run(
 
         bar = closing.enter_context(_step_bar(config, state.step, enabled=dp.main))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
-        while state.step < last:
-            step = state.step + 1
-            t0 = time.perf_counter()
-            # rollouts: groups of `group_size` on the next scenarios (this rank's share), rewards set by the task
-            picked = stream.take(config.rollout.groups_per_step)
-            groups = await gather(
+
+        async def step_rollouts(step: int, scenarios: list[dict], model: str | None) -> list[TrajectoryGroup]:
+            # groups of `group_size` on the step's scenarios (this rank's share), rewards set by the task
+            return await gather(
                 rollouts.rollout,
-                handle,
-                [s for _, s in picked],
-                config.rollout.group_size,
-                concurrency=config.rollout.concurrency,
-                max_failure_fraction=config.rollout.max_failure_fraction if not dp.active else 1.0,
+                handle if model is None else dataclasses.replace(handle, name=model),
+                scenarios,
+                r.group_size,
+                concurrency=r.concurrency,
+                max_failure_fraction=r.max_failure_fraction if not dp.active else 1.0,
                 progress=config.logging.progress and dp.main,
                 description=f"step {step} rollouts",
                 seed_key=(step,),
-                part=dp.share(len(picked) * config.rollout.group_size) if dp.active else None,
+                part=dp.share(len(scenarios) * r.group_size) if dp.active else None,
             )
-            groups = dp.merge_groups(groups)  # every rank's share, in one process's order
+
+        ahead = RolloutPipeline(
+            next_step=state.step + 1,
+            last_step=config.steps,  # with stop_after, steps past it may be in flight: discarded as after a kill
+            max_staleness=r.max_staleness,
+            per_step=r.groups_per_step,
+            stream=stream,
+            launch=step_rollouts,
+            pins=pins,
+            live_version=lambda: policy.adapters.version,
+        )
+        closing.push_async_callback(ahead.close)  # rollouts still in flight are discarded
+        while state.step < last:
+            step = state.step + 1
+            t0 = time.perf_counter()
+            # rollouts: started up to max_staleness steps ago, or now; every rank's share merged
+            groups = dp.merge_groups(await ahead.take(step))
             if dp.active:
-                check_failures(groups, config.rollout.max_failure_fraction)
+                check_failures(groups, r.max_failure_fraction)
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates (once, on rank 0)
             groups, score_metrics = await _score(score, groups, dp)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
-            _check_on_policy(groups, policy.adapters.version)
+            staleness = staleness_stats(groups, policy.adapters.version, r.max_staleness)
             seqs, seq_stats = to_sequences(groups, config)
             train_stats = (
-                optimize(policy, optimizer, seqs, loss, config.optim, sync=dp if dp.active else None)
+                await _optimize(policy, optimizer, seqs, loss, config.optim, dp, beside=r.max_staleness > 0)
                 if seqs
                 else {"loss": 0.0}
             )
@@ -217,6 +236,7 @@ async def run(
                 **score_metrics,
                 **seq_stats,
                 **train_stats,
+                **staleness,
             }
             metrics.update(
                 lr=config.optim.lr,
@@ -238,22 +258,25 @@ async def run(
             metrics["seconds_step"] = time.perf_counter() - t0
 
             # the run folder (rank 0): metrics, samples, checkpoint, reward curve
-            state = TrainState(step=step, data_position=stream.position)
+            state = TrainState(step=step, data_position=ahead.position(step))
             pause = watch is not None and watch.should_pause
             if log is not None:
+                extra = pins.checkpoint_versions(step, config.steps) if pins is not None else None
                 log.log(metrics)
                 if step % config.logging.samples_every == 0:
                     log.samples(step, groups)
                 if step % config.logging.checkpoint_every == 0 or step == config.steps or pause:
-                    save_checkpoint(
-                        run_dir,
-                        state,
-                        policy.model,
-                        optimizer,
-                        policy.generator,
-                        config_toml,
-                        config.logging.keep_checkpoints,
-                    )
+                    with policy.lock:  # no adapter is loaded or unloaded beside it while it is saved
+                        save_checkpoint(
+                            run_dir,
+                            state,
+                            policy.model,
+                            optimizer,
+                            policy.generator,
+                            config_toml,
+                            config.logging.keep_checkpoints,
+                            extra,
+                        )
                 log.plot()
                 bar.update(1)
                 bar.set_postfix(
@@ -301,6 +324,17 @@ async def _score(
         return groups, _as_metrics(await score(groups))
     scored = (groups, _as_metrics(await score(groups))) if dp.main else None
     return dp.broadcast(scored)
+
+
+async def _optimize(
+    policy, optimizer, seqs, loss, opt, dp: DataParallel, *, beside: bool
+) -> dict[str, float]:
+    """`step.optimize`; `beside` (rollouts ahead of the trainer) runs it on a worker thread, so the
+    event loop keeps the next steps' rollouts going while it trains."""
+    sync = dp if dp.active else None
+    if not beside:
+        return optimize(policy, optimizer, seqs, loss, opt, sync=sync)
+    return await asyncio.to_thread(optimize, policy, optimizer, seqs, loss, opt, sync=sync)
 
 
 def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
@@ -427,21 +461,6 @@ def _as_metrics(result: Any) -> dict[str, float]:
     if result is None:
         return {}
     return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
-
-
-def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
-    """Every turn sampled this step must come from the adapter the trainer is about to update."""
-    stale = {
-        t.adapter_version
-        for g in groups
-        for tr in g.ok
-        for t in tr.turns
-        if t.adapter_version not in (None, version)
-    }
-    if stale:
-        raise RuntimeError(
-            f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}"
-        )
 
 
 def _step_bar(config: RunConfig, start: int, enabled: bool = True):

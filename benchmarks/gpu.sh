@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GRPO step benchmark on one GPU (an H200): grooves next to TRL's GRPOTrainer, the same table
-# as bench_grpo_step.py, in under 8 minutes.
+# The GRPO step benchmark on one GPU (an H200), in under 8 minutes: one table with grooves and TRL's
+# GRPOTrainer per step on the same work, grooves' data-parallel path (2 ranks sharing the GPU, gloo),
+# the FLOP floor of that GPU (the step's matmul FLOPs over the matmul rate measured there) and the
+# peak GPU memory of each; bench_grpo_step.py makes it.
 #
 #   bash benchmarks/gpu_bundle.sh            # once, where PyPI is reachable: writes .gpu/
 #   bash benchmarks/gpu.sh                   # on the GPU machine, with .gpu/ beside the checkout
@@ -17,7 +19,8 @@
 # Model: MODEL_DIR, else Qwen2.5-1.5B-Instruct from the Hugging Face cache, else the embedded
 #   SmolLM2-135M if it is cached, else random weights in the Qwen2.5-1.5B architecture with
 #   SmolLM2's tokenizer (benchmarks/random_model.py; SHAPE=smollm2-135m for the small one).
-# TRL is skipped, with the reason, when it does not import (SKIP_TRL=1 skips it anyway).
+# TRL is skipped, with the reason, when it does not import (SKIP_TRL=1 skips it anyway); DP_RANKS=0
+# leaves the data-parallel row out.
 #
 #   DEVICE=cpu DTYPE=float32 SHAPE=smollm2-135m STEPS=1 bash benchmarks/gpu.sh   # the same flow on a CPU
 set -euo pipefail
@@ -104,5 +107,6 @@ echo "== model: $model ($((SECONDS - start)) s so far)"
 budget=$((470 - (SECONDS - start)))  # the whole script stays under 8 minutes
 timeout "$budget" "$python" benchmarks/bench_grpo_step.py \
     --model "$model" --device "$device" --dtype "$dtype" --backend "$backend" "${trl_flags[@]}" \
-    --trl-python "$python" --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --json "${JSON:-runs/bench_grpo_step_gpu.json}"
+    --trl-python "$python" --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --dp-ranks "${DP_RANKS:-2}" \
+    --json "${JSON:-runs/bench_grpo_step_gpu.json}"
 echo "== done in $((SECONDS - start)) s"

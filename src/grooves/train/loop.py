@@ -30,10 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +57,20 @@ from grooves.train.checkpoint import (
     seed_everything,
 )
 from grooves.train.data import train_stream
-from grooves.train.optim import adamw
-from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.evaluate import GroupScorer, as_metrics, evaluate, reward_stats, sets_success
+from grooves.train.optim import adamw, lr_scheduler
+from grooves.train.runlog import (
+    RunFolderError,
+    RunLog,
+    check_run_dir,
+    clear_run_outputs,
+    lock_run_dir,
+    show_bars,
+    step_line,
+)
 from grooves.train.step import optimize, run_loss, to_sequences
+from grooves.train.trackers import start_trackers
 from grooves.watch import Watch
-
-GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
-"""Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
-and returns metrics to log (a dict, or an object with `.metrics()` such as
-`rewards.Composite.score_groups`'s result), e.g. judge tokens per step."""
 
 StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, Any] | None]
 """Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
@@ -141,20 +145,27 @@ async def run(
             state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
             stream.position = state.data_position
             policy.adapters.version = state.step
+            print(f"resuming {run_dir} from step {state.step} ({checkpoint})", flush=True)
         else:
             clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
-        log = RunLog(run_dir)
-        log.truncate_after(state.step if checkpoint is not None else -1)  # on resume: no step appears twice
+        scheduler = lr_scheduler(optimizer, config.optim, config.steps, done=state.step)  # warmup, decay
         config_toml = dump_config(config)
+        trackers = start_trackers(config.logging, config.name, run_dir, config_toml, resumed_at=state.step)
+        log = RunLog(run_dir, trackers=trackers)  # metrics.jsonl and samples/, and `logging.report_to`
+        closing.callback(log.close)
+        log.truncate_after(state.step if checkpoint is not None else -1)  # on resume: no step appears twice
         (run_dir / "config.toml").write_text(config_toml)
+        no_success = _MissingSuccess(task)
         if state.step == 0:
             val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score)
+            no_success.check(val_groups)
             log.log({"step": 0, **val_metrics})
             log.samples(0, val_groups, name="validation")
         watch = _start_watch(config, log, watch, resumed_at=state.step if checkpoint is not None else None)
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
-        bar = closing.enter_context(_step_bar(config, state.step))
+        bars = show_bars(config.logging.progress)  # progress bars on a terminal; else one line per step
+        bar = closing.enter_context(_step_bar(config, state.step, bars))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
         while state.step < last:
             step = state.step + 1
@@ -168,31 +179,34 @@ async def run(
                 config.rollout.group_size,
                 concurrency=config.rollout.concurrency,
                 max_failure_fraction=config.rollout.max_failure_fraction,
-                progress=config.logging.progress,
+                progress=bars,
                 description=f"step {step} rollouts",
                 seed_key=(step,),
             )
+            no_success.check(groups)
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates
-            score_metrics = _as_metrics(await score(groups)) if score is not None else {}
+            score_metrics = as_metrics(await score(groups)) if score is not None else {}
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             _check_on_policy(groups, policy.adapters.version)
             seqs, seq_stats = to_sequences(groups, config)
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
             train_stats = optimize(policy, optimizer, seqs, loss, config.optim) if seqs else {"loss": 0.0}
+            scheduler.step()  # by step count, applied or not, so a resumed run keeps the same rates
             policy.adapters.bump()
             t_train = time.perf_counter()
 
             metrics: dict[str, Any] = {
                 "step": step,
-                **_reward_stats(groups),
+                **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
                 **seq_stats,
                 **train_stats,
             }
             metrics.update(
-                lr=config.optim.lr,
+                lr=lr,
                 adapter_version=policy.adapters.version,
                 seconds_rollout=t_rollout - t0,
                 seconds_score=t_score - t_rollout,
@@ -224,6 +238,8 @@ async def run(
             log.plot()
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
+            if config.logging.progress and not bars:
+                print(step_line(metrics, config.steps), flush=True)
             if watch is not None and watch.should_pause:
                 save_checkpoint(
                     run_dir,
@@ -262,56 +278,27 @@ async def validate(
     rollout: RolloutFn | None = None,
     score: GroupScorer | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
-    """`rollout` runs each validation rollout (default: the task's own, in this process).
+    """The run's `[validation]` through `evaluate` (what `grooves eval` runs too). `rollout` runs each
+    validation rollout (default: the task's own, in this process).
 
     `score` is the training run's group scorer: validation rewards come from the same judges and
     gates as training rewards, so val/reward_mean means what reward_mean means (its metrics, such
     as judge coverage, are logged under val/ too).
     """
-    scenarios = task.scenarios("validation")[: config.validation.scenarios]
-    val_handle = ModelHandle(
-        handle.client,
-        handle.name,
-        config.validation.temperature,
-        1.0,
-        handle.max_tokens,
+    v = config.validation
+    return await evaluate(
+        task,
+        handle,
+        scenarios=v.scenarios,
+        samples=v.samples,
+        temperature=v.temperature,
         seed=config.seed + 1,
-    )
-    groups = await gather(
-        rollout or task.rollout,
-        val_handle,
-        scenarios,
-        config.validation.samples,
+        step=step,
         concurrency=config.rollout.concurrency,
-        max_failure_fraction=1.0,
-        progress=config.logging.progress,
-        description=f"validation @ {step}",
-        seed_key=(step,),
+        rollout=rollout,
+        score=score,
+        progress=show_bars(config.logging.progress),
     )
-    scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
-    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
-
-
-def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
-    trajs = [t for g in groups for t in g.ok]
-    rewards = [t.reward for t in trajs]
-    out: dict[str, float] = {
-        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
-        if trajs
-        else float("nan"),
-    }
-    if not prefix:
-        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-        signals = sorted({k for t in trajs for k in t.rewards})
-        for name in signals:
-            vals = [t.rewards[name] for t in trajs if name in t.rewards]
-            out[f"reward/{name}_mean"] = statistics.fmean(vals)
-        out["rollouts"] = float(sum(len(g) for g in groups))
-        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
-        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
-        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
-    return out
 
 
 class _WatchObserver:
@@ -358,12 +345,6 @@ def _watch_history(log: RunLog, upto: int) -> Iterator[tuple[int, dict[str, Any]
         yield step, metrics, log.step_samples(step) or []
 
 
-def _as_metrics(result: Any) -> dict[str, float]:
-    if result is None:
-        return {}
-    return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
-
-
 def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
     """Every turn sampled this step must come from the adapter the trainer is about to update."""
     stale = {
@@ -379,16 +360,31 @@ def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
         )
 
 
-def _step_bar(config: RunConfig, start: int):
+def _step_bar(config: RunConfig, start: int, show: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(
-        total=config.steps,
-        initial=start,
-        desc=config.name,
-        disable=not config.logging.progress,
-        dynamic_ncols=True,
-    )
+    return tqdm(total=config.steps, initial=start, desc=config.name, disable=not show, dynamic_ncols=True)
+
+
+class _MissingSuccess:
+    """Says once, on stderr, when a task's first finished rollouts set no `metrics["success"]`: the
+    run's success rate then counts every rollout as a failure, and so does choosing the best
+    checkpoint by it (`--select best`), without anything else showing why."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.checked = False
+
+    def check(self, groups: list[TrajectoryGroup]) -> None:
+        if self.checked or (found := sets_success(groups)) is None:
+            return
+        self.checked = True
+        if not found:
+            name = getattr(self.task, "name", type(self.task).__name__)
+            _say(
+                f'task {name!r} sets no traj.metrics["success"]: success_rate counts every rollout as 0, '
+                "--select best too; set it in the rollout (1.0 solved, 0.0 not)"
+            )
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -144,7 +144,7 @@ def test_wandb_offline_run_holds_the_runs_scalars_config_and_tables(tracked_run)
                 assert history[step][key] == pytest.approx(row[key], rel=1e-9), (step, key)
     assert config["optim"]["lr_schedule"] == "linear" and config["steps"] == 3
     assert history[3]["samples/step/_type"] == "table-file" and history[3]["samples/step/nrows"] == 8
-    (table_file,) = (run_file.parent / "files").glob(f"media/table/samples/step_3_*.table.json")
+    (table_file,) = (run_file.parent / "files").glob("media/table/samples/step_3_*.table.json")
     table = json.loads(table_file.read_text())
     assert table["columns"] == list(COLUMNS) and len(table["data"]) == 8
 

@@ -53,7 +53,7 @@ def eval_command(
         None, "--temperature", min=0.0, max=2.0, help="Default: the run's validation.temperature, else 0.7."
     ),
     max_tokens: int | None = typer.Option(
-        None, "--max-tokens", min=1, help="Per turn; default: the run's rollout.max_tokens, else 256."
+        None, "--max-tokens", min=1, help="Per turn; default: the run's rollout.max_tokens, else 64."
     ),
     seed: int | None = typer.Option(
         None, "--seed", min=0, help="Request seeds; default: the run's seed, else 0."
@@ -74,6 +74,8 @@ def eval_command(
     """
     from grooves.config import ConfigError, parse_overrides
 
+    if split not in ("validation", "train"):
+        _fail(f"--split {split!r}: use validation or train")
     try:
         plan = _plan(target, select, base)
         settings = _settings(
@@ -81,8 +83,6 @@ def eval_command(
         )
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
-    if split not in ("validation", "train"):
-        _fail(f"--split {split!r}: use validation or train")
     result = asyncio.run(_run(plan, settings, split))
     if as_json:
         typer.echo(json.dumps(result))

@@ -87,7 +87,8 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            looked = f"the run file's folder ({', '.join(_TASK_FOLDERS)}), " if _TASK_FOLDERS else ""
+            folders = [f for f in _TASK_FOLDERS if f in sys.path]
+            looked = f"the run file's folder ({', '.join(folders)}), " if folders else ""
             raise TaskLoadError(
                 f"task {spec!r}: cannot import {module_name}: {exc}; Python looked in {looked}the running "
                 "script's folder, PYTHONPATH and the installed packages: put the module beside the run file, "

@@ -10,6 +10,7 @@ learning rate at every step as one that never stopped.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -85,4 +86,16 @@ def lr_scheduler(
             min_ratio=opt.min_lr_ratio,
         )
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=done - 1)
+    return _StepCountSchedule(optimizer, factor, last_epoch=done - 1)
+
+
+class _StepCountSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """`LambdaLR` stepped once per training step, whether or not the step applied an update (a
+    skipped non-finite step, a step whose groups all had zero variance). torch warns when the first
+    `step()` comes before any `optimizer.step()`, because a schedule meant to follow updates would
+    then skip its first rate; this one follows steps, so that warning does not apply."""
+
+    def step(self, epoch=None) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            super().step(epoch)

@@ -139,7 +139,7 @@ def test_a_task_module_that_cannot_be_imported_names_where_python_looked(tmp_pat
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
     assert result.stderr.startswith(
         f"{run_file}: task: 'missing_task_xyz:Task': cannot import missing_task_xyz: No module named 'missing_task_xyz'; "
-        f"Python looked in the run file's folder ({tmp_path}"
+        f"Python looked in the run file's folder ({tmp_path}), the running script's folder, PYTHONPATH"
     )
     assert "put the module beside the run file, add its folder to PYTHONPATH, or pip install its package" in (
         result.stderr

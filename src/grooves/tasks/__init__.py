@@ -48,8 +48,8 @@ def _builtin(name: str):
 
 BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
-_TASK_FOLDERS: list[str] = []
-"""Folders `add_task_folder` put on the import path (a run file's), named when an import fails."""
+_TASK_FOLDER: list[str] = []
+"""The folder `add_task_folder` last put on the import path (the run file's), named when an import fails."""
 
 
 def add_task_folder(folder: str | Path) -> None:
@@ -60,8 +60,7 @@ def add_task_folder(folder: str | Path) -> None:
     path = str(Path(folder).resolve())
     if path not in sys.path:
         sys.path.insert(0, path)
-    if path not in _TASK_FOLDERS:
-        _TASK_FOLDERS.append(path)
+    _TASK_FOLDER[:] = [path]
 
 
 class TaskLoadError(ValueError):
@@ -87,8 +86,8 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            folders = [f for f in _TASK_FOLDERS if f in sys.path]
-            looked = f"the run file's folder ({', '.join(folders)}), " if folders else ""
+            folders = [f for f in _TASK_FOLDER if f in sys.path]
+            looked = f"the run file's folder ({folders[0]}), " if folders else ""
             raise TaskLoadError(
                 f"task {spec!r}: cannot import {module_name}: {exc}; Python looked in {looked}the running "
                 "script's folder, PYTHONPATH and the installed packages: put the module beside the run file, "

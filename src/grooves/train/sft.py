@@ -57,7 +57,7 @@ from grooves.train.checkpoint import (
 )
 from grooves.train.data import ScenarioStream
 from grooves.train.optim import adamw, lr_scheduler
-from grooves.train.runlog import RunLog
+from grooves.train.runlog import RunLog, show_bars, step_line
 from grooves.train.step import gradient_step
 
 
@@ -161,7 +161,7 @@ async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[st
         task.scenarios("validation")[: v.scenarios],
         1,
         max_failure_fraction=1.0,
-        progress=config.logging.progress,
+        progress=show_bars(config.logging.progress),
         description=f"validation @ {step}",
         seed_key=(step,),
     )
@@ -242,13 +242,8 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         val, groups = await _validate(task, handle, config, 0)
         log.log({"step": 0, **val})
         log.samples(0, groups, name="validation")
-    bar = tqdm(
-        total=steps,
-        initial=state.step,
-        desc=config.name,
-        disable=not config.logging.progress,
-        dynamic_ncols=True,
-    )
+    bars = show_bars(config.logging.progress)  # progress bars on a terminal; else one line per step
+    bar = tqdm(total=steps, initial=state.step, desc=config.name, disable=not bars, dynamic_ncols=True)
     while state.step < steps:
         step, t0 = state.step + 1, time.perf_counter()
         batch = [s for _, s in stream.take(config.batch_size)]
@@ -275,6 +270,8 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
             )
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+        if config.logging.progress and not bars:
+            print(step_line(metrics, steps), flush=True)
     bar.close()
     if handle is not None:
         await handle.client.close()

@@ -7,8 +7,10 @@
         advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
         sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
         loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
-        update      <- one AdamW step with grad clipping; the live adapter is now version step+1
-        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps
+        update      <- one AdamW step with grad clipping at the schedule's rate (`optim.lr_schedule`);
+                       the live adapter is now version step+1
+        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps,
+                       and the experiment trackers `logging.report_to` names
 
 Sampler and trainer are the same peft model here, so "hot-swap" is free: the next request is
 answered by the weights this step produced, and each sampled turn records the adapter version

@@ -11,7 +11,7 @@ $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(LOCK) torch
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray,trackers]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves

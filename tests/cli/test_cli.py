@@ -91,3 +91,103 @@ def test_a_run_folder_that_holds_a_run_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(app, ["train", str(run_file), "--resume", "--overwrite"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "pass one of them" in result.stderr
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "checkpoints"]
+
+
+# ---- what a first task written from the README runs into --------------------------------------------
+import re  # noqa: E402
+import sys  # noqa: E402
+import tomllib  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TASK_MODULE = """
+from grooves.tasks.toy import ToyTokensTask
+
+
+class BesideTheRunFile(ToyTokensTask):
+    name = "beside"
+"""
+
+
+def test_a_task_module_beside_the_run_file_imports_without_pythonpath(
+    peaked_model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the run file's folder to it
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "beside_task.py").write_text(TASK_MODULE)
+    run_file = folder / "run.toml"
+    run_file.write_text(
+        f'task = "beside_task:BesideTheRunFile"\noutput_dir = "{tmp_path / "run"}"\nsteps = 1\n'
+        "[task_options]\nvocab_size = 487\nnum_scenarios = 4\n"
+        f'[model]\nbase_model = "{peaked_model_dir}"\n'
+        "[rollout]\ngroup_size = 2\ngroups_per_step = 1\nmax_tokens = 2\n"
+        "[validation]\nscenarios = 1\n[logging]\nprogress = false\n"
+    )
+    monkeypatch.chdir(tmp_path)  # not the run file's folder
+    result = CliRunner().invoke(app, ["train", str(run_file)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "checkpoints" / "step_000001").is_dir()
+
+
+def test_a_task_module_that_cannot_be_imported_names_where_python_looked(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'task = "missing_task_xyz:Task"\noutput_dir = "{tmp_path / "run"}"\n')
+    result = CliRunner().invoke(app, ["train", str(run_file)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(
+        f"{run_file}: task: 'missing_task_xyz:Task': cannot import missing_task_xyz: No module named 'missing_task_xyz'; "
+        f"Python looked in the run file's folder ({tmp_path}), the running script's folder, PYTHONPATH"
+    )
+    assert "put the module beside the run file, add its folder to PYTHONPATH, or pip install its package" in (
+        result.stderr
+    )
+
+
+def test_resume_without_a_checkpoint_is_one_line_before_the_model_loads(tmp_path):
+    """The model named does not exist: the --resume check must come first to be what is reported."""
+    missing = tmp_path / "no-model-here"
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'output_dir = "{tmp_path / "run"}"\n[model]\nbase_model = "{missing}"\n')
+    result = CliRunner().invoke(app, ["train", str(run_file), "--resume"])
+    assert result.exit_code == 2 and result.stderr == (
+        f"{run_file}: --resume: no checkpoint in {tmp_path / 'run' / 'checkpoints'}; start without --resume\n"
+    )
+    data = tmp_path / "chats.jsonl"
+    data.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]}\n'
+    )
+    result = CliRunner().invoke(
+        app, ["sft", "--data", str(data), "--model", str(missing), "-o", str(tmp_path / "sft"), "--resume"]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == (
+        f"error: --resume: no checkpoint in {tmp_path / 'sft' / 'checkpoints'}; start without --resume"
+    )
+
+
+def _readme_run_file() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("One TOML file describes a run")
+    return re.search(r"```toml\n(.*?)```", text[start:], re.S).group(1)
+
+
+def test_the_readmes_run_file_is_valid_toml_and_a_valid_run_file_as_printed():
+    from grooves.config import parse_config
+
+    data = tomllib.loads(_readme_run_file())
+    config = parse_config(data)
+    assert config.task == "mypkg.titles:Titles" and config.rollout.groups_per_step == 4
+    assert config.algorithm.kl_kind == "k3" and config.optim.on_nonfinite == "skip"
+
+
+def test_models_list_keeps_a_long_path_whole(tmp_path, monkeypatch):
+    home = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2)
+    monkeypatch.setenv("GROOVES_HOME", str(home))
+    result = CliRunner().invoke(app, ["models", "list"])  # not a terminal: rich would assume 80 columns
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "smollm2-135m" in line)
+    assert str(home / "models" / "SmolLM2-135M-Instruct") in row
+    assert "not fetched (grooves models fetch)" in row

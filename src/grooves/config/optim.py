@@ -1,4 +1,5 @@
-"""The `[optim]` section: AdamW on the LoRA parameters, micro-batching, and non-finite steps."""
+"""The `[optim]` section: AdamW on the LoRA parameters, its learning-rate schedule, micro-batching,
+and non-finite steps."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ class AdamWConfig(Section):
     """Max global grad norm (RL gradients spike when a group's advantages are large)."""
     micro_batch_tokens: int = Field(4096, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The learning rate after warmup (`grooves.train.optim.lr_factor` has the formulas): constant at
+    `lr`; or decaying from `lr` towards `min_lr_ratio` x `lr`, linearly or along a half cosine
+    (Loshchilov & Hutter 2017, arXiv 1608.03983), over the run's steps. Decay steadies the last
+    steps of a long run; constant keeps an RL run able to follow its moving targets to the end."""
+    warmup_steps: int = Field(0, ge=0)
+    """The first K steps ramp the learning rate linearly up to `lr` (Goyal et al. 2017, arXiv
+    1706.02677): step k of K uses k/(K+1) x lr, so no step is wasted at 0. Guards the first updates
+    of a fresh adapter against a large step from a noisy first gradient; 0 = none."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Where linear and cosine decay head: `min_lr_ratio` x `lr`, reached one step after the last."""
 
     @field_validator("betas")
     @classmethod

@@ -63,6 +63,11 @@ class RunConfig(Section):
     def _consistent(self):
         if self.algorithm.loss != "gspo" and self.algorithm.eps_high < self.algorithm.eps_low / 2:
             raise ValueError("algorithm.eps_high is far below eps_low; clip-higher wants eps_high >= eps_low")
+        if self.optim.warmup_steps >= self.steps:
+            raise ValueError(
+                f"optim.warmup_steps ({self.optim.warmup_steps}) must be below steps ({self.steps}): "
+                "the run would end before the learning rate reaches optim.lr"
+            )
         if self.tasks is not None:
             if not self.tasks:
                 raise ValueError("tasks is empty; list at least one {task = ..., weight = ...} or use `task`")

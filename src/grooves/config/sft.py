@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from grooves.config.base import Section, read_run_file, validate
 from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig
@@ -57,6 +57,15 @@ class SftConfig(Section):
     optim: SftOptimConfig = SftOptimConfig()
     validation: SftValidationConfig = SftValidationConfig()
     logging: SftLoggingConfig = SftLoggingConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.steps is not None and self.optim.warmup_steps >= self.steps:
+            raise ValueError(
+                f"optim.warmup_steps ({self.optim.warmup_steps}) must be below steps ({self.steps}): "
+                "the run would end before the learning rate reaches optim.lr"
+            )
+        return self
 
 
 def parse_sft_config(data: dict) -> SftConfig:

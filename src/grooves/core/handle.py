@@ -41,7 +41,14 @@ class ModelHandle:
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, n: int = 1
     ):
-        """One chat completion with the run's sampling settings; returns the first choice."""
+        """One chat completion with the run's sampling settings: the first choice (all `n` when `n` > 1).
+
+        The request carries this handle's `temperature`, `top_p` and `max_tokens` (a training
+        rollout's come from `[rollout]`, a validation's from `[validation]`: its temperature, top_p
+        1.0), `logprobs=True` (training needs the sampled tokens' logprobs) and, when the handle
+        is seeded, a seed from (run seed, step, scenario, rollout, turn). `tools` are OpenAI-style
+        function definitions, rendered in the model's tool format.
+        """
         request: dict[str, Any] = {
             "model": self.name,
             "messages": messages,

@@ -14,8 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around a peft wrap (`get_peft_model`, `PeftModel.from_pretrained`): peft reads the model's
+    `is_gradient_checkpointing`, which transformers 5 deprecates with a FutureWarning on every read.
+    The read is peft's, not ours, and the warning asks nothing of a grooves user, so exactly that
+    warning is ignored here, and only for the wrap."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 class PeftAdapters:
@@ -41,7 +55,7 @@ class PeftAdapters:
             raise ValueError(
                 f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
             )
-        with self.lock, self.keep_requires_grad():
+        with self.lock, self.keep_requires_grad(), peft_wrapping():
             try:
                 if hasattr(self.model, "peft_config"):
                     self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)

@@ -24,7 +24,7 @@ import torch
 from grooves.config import FastMode, LoraConfig, SamplerPrecision
 from grooves.models import resolve_model
 from grooves.policy import fast as speed
-from grooves.policy.adapters import PeftAdapters
+from grooves.policy.adapters import PeftAdapters, peft_wrapping
 from grooves.policy.fast import FastPaths, FastSampling
 from grooves.policy.prompts import PromptState, end_of_turn_ids
 from grooves.policy.sampler import Sampler
@@ -53,21 +53,23 @@ def load_model(
     if adapter_path is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
+        with peft_wrapping():
+            model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
     elif lora is not None:
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
 
-        model = get_peft_model(
-            model,
-            PeftLoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            ),
-        )
+        with peft_wrapping():
+            model = get_peft_model(
+                model,
+                PeftLoraConfig(
+                    r=lora.rank,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
     return model, tokenizer
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
+from pathlib import Path
 from typing import Any, Protocol
 
 from grooves.core.handle import ModelHandle
@@ -46,6 +48,20 @@ def _builtin(name: str):
 
 BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
+_TASK_FOLDER: list[str] = []
+"""The folder `add_task_folder` last put on the import path (the run file's), named when an import fails."""
+
+
+def add_task_folder(folder: str | Path) -> None:
+    """Put `folder` first on the import path, so `task = "mytask:MyTask"` finds a `mytask.py` there.
+
+    `grooves train` and `grooves sft` call it with the run file's folder: a task module beside the
+    run file imports without PYTHONPATH, wherever the command runs from."""
+    path = str(Path(folder).resolve())
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    _TASK_FOLDER[:] = [path]
+
 
 class TaskLoadError(ValueError):
     """A `task` or its options that cannot be used. `option` says where the problem is: None for the
@@ -70,7 +86,13 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise TaskLoadError(f"task {spec!r}: cannot import {module_name}: {exc}") from exc
+            folders = [f for f in _TASK_FOLDER if f in sys.path]
+            looked = f"the run file's folder ({folders[0]}), " if folders else ""
+            raise TaskLoadError(
+                f"task {spec!r}: cannot import {module_name}: {exc}; Python looked in {looked}the running "
+                "script's folder, PYTHONPATH and the installed packages: put the module beside the run file, "
+                "add its folder to PYTHONPATH, or pip install its package"
+            ) from exc
         except Exception as exc:  # the module's own code failed while importing; say how, on one line
             raise TaskLoadError(
                 f"task {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}"

@@ -7,8 +7,10 @@
         advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
         sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
         loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
-        update      <- one AdamW step with grad clipping; the live adapter is now version step+1
-        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps
+        update      <- one AdamW step with grad clipping at the schedule's rate (`optim.lr_schedule`);
+                       the live adapter is now version step+1
+        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps,
+                       and the experiment trackers `logging.report_to` names
 
 Sampler and trainer are the same peft model here, so "hot-swap" is free: the next request is
 answered by the weights this step produced, and each sampled turn records the adapter version
@@ -31,10 +33,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +61,22 @@ from grooves.train.checkpoint import (
 )
 from grooves.train.data import train_stream
 from grooves.train.distributed import DataParallel
+from grooves.train.evaluate import GroupScorer, evaluate, reward_stats, score_groups, sets_success
 from grooves.train.memory import auto_micro_batch_tokens
-from grooves.train.optim import adamw
+from grooves.train.optim import adamw, lr_scheduler
 from grooves.train.pipeline import RolloutPipeline, VersionPins, staleness_stats
-from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.runlog import (
+    RunFolderError,
+    RunLog,
+    check_run_dir,
+    clear_run_outputs,
+    lock_run_dir,
+    show_bars,
+    step_line,
+)
 from grooves.train.step import optimize, run_loss, to_sequences
+from grooves.train.trackers import start_trackers
 from grooves.watch import Watch
-
-GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
-"""Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
-and returns metrics to log (a dict, or an object with `.metrics()` such as
-`rewards.Composite.score_groups`'s result), e.g. judge tokens per step."""
 
 StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, Any] | None]
 """Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
@@ -157,17 +163,28 @@ async def run(
             policy.adapters.version = state.step
             if pins is not None:
                 pins.restore(checkpoint)
+            if dp.main:
+                print(f"resuming {run_dir} from step {state.step} ({checkpoint})", flush=True)
         elif dp.main:
             clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
-        log = RunLog(run_dir) if dp.main else None
+        # warmup and decay; every rank steps it alike, so every rank's update uses the same rate
+        scheduler = lr_scheduler(optimizer, config.optim, config.steps, done=state.step)
         config_toml = dump_config(config)
-        if log is not None:
+        log = None
+        if dp.main:  # metrics.jsonl and samples/, and the trackers `logging.report_to` names
+            trackers = start_trackers(
+                config.logging, config.name, run_dir, config_toml, resumed_at=state.step
+            )
+            log = RunLog(run_dir, trackers=trackers)
+            closing.callback(log.close)
             log.truncate_after(
                 state.step if checkpoint is not None else -1
             )  # on resume: no step appears twice
             (run_dir / "config.toml").write_text(config_toml)
+        no_success = _MissingSuccess(task, quiet=not dp.main)
         if state.step == 0:
             val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score, dp=dp)
+            no_success.check(val_groups)
             if log is not None:
                 log.log({"step": 0, **val_metrics})
                 log.samples(0, val_groups, name="validation")
@@ -178,7 +195,9 @@ async def run(
         )
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
-        bar = closing.enter_context(_step_bar(config, state.step, enabled=dp.main))
+        # progress bars on rank 0's terminal; else one line per step there (`step_line`)
+        bars = dp.main and show_bars(config.logging.progress)
+        bar = closing.enter_context(_step_bar(config, state.step, bars))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
 
         async def step_rollouts(step: int, scenarios: list[dict], model: str | None) -> list[TrajectoryGroup]:
@@ -190,7 +209,7 @@ async def run(
                 r.group_size,
                 concurrency=r.concurrency,
                 max_failure_fraction=r.max_failure_fraction if not dp.active else 1.0,
-                progress=config.logging.progress and dp.main,
+                progress=bars,
                 description=f"step {step} rollouts",
                 seed_key=(step,),
                 part=dp.share(len(scenarios) * r.group_size) if dp.active else None,
@@ -214,24 +233,27 @@ async def run(
             groups = dp.merge_groups(await ahead.take(step))
             if dp.active:
                 check_failures(groups, r.max_failure_fraction)
+            no_success.check(groups)
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates (once, on rank 0)
-            groups, score_metrics = await _score(score, groups, dp)
+            groups, score_metrics = await score_groups(score, groups, dp)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             staleness = staleness_stats(groups, policy.adapters.version, r.max_staleness)
             seqs, seq_stats = to_sequences(groups, config)
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
             train_stats = (
                 await _optimize(policy, optimizer, seqs, loss, config.optim, dp, beside=r.max_staleness > 0)
                 if seqs
                 else {"loss": 0.0}
             )
+            scheduler.step()  # by step count, applied or not, so a resumed run keeps the same rates
             policy.adapters.bump()
             t_train = time.perf_counter()
 
             metrics: dict[str, Any] = {
                 "step": step,
-                **_reward_stats(groups),
+                **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
                 **seq_stats,
@@ -239,7 +261,7 @@ async def run(
                 **staleness,
             }
             metrics.update(
-                lr=config.optim.lr,
+                lr=lr,
                 micro_batch_tokens=config.optim.micro_batch_tokens,
                 adapter_version=policy.adapters.version,
                 seconds_rollout=t_rollout - t0,
@@ -282,6 +304,8 @@ async def run(
                 bar.set_postfix(
                     reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}"
                 )
+                if config.logging.progress and not bars:
+                    print(step_line(metrics, config.steps), flush=True)
             if dp.broadcast(pause):
                 if dp.main:
                     print(
@@ -311,19 +335,6 @@ def _resolve_micro_batch(config: RunConfig, policy: Policy, device: str) -> RunC
         _say(f"optim.micro_batch_tokens = {tokens}, from the free memory of {device} (set it to fix it)")
     optim = config.optim.model_copy(update={"micro_batch_tokens": tokens})
     return config.model_copy(update={"optim": optim})
-
-
-async def _score(
-    score: GroupScorer | None, groups: list[TrajectoryGroup], dp: DataParallel
-) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """The step's groups with the scorer's rewards, and its metrics; in a data-parallel run rank 0
-    scores (each judge is asked once) and sends both to the other ranks."""
-    if score is None:
-        return groups, {}
-    if not dp.active:
-        return groups, _as_metrics(await score(groups))
-    scored = (groups, _as_metrics(await score(groups))) if dp.main else None
-    return dp.broadcast(scored)
 
 
 async def _optimize(
@@ -357,60 +368,29 @@ async def validate(
     *,
     dp: DataParallel | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
-    """`rollout` runs each validation rollout (default: the task's own, in this process).
+    """The run's `[validation]` through `evaluate` (what `grooves eval` runs too). `rollout` runs each
+    validation rollout (default: the task's own, in this process).
 
     `score` is the training run's group scorer: validation rewards come from the same judges and
     gates as training rewards, so val/reward_mean means what reward_mean means (its metrics, such
     as judge coverage, are logged under val/ too). In a data-parallel run (`dp`) each rank runs
     its share of the rollouts and every rank gets all of them.
     """
-    dp = dp or DataParallel.single()
-    scenarios = task.scenarios("validation")[: config.validation.scenarios]
-    val_handle = ModelHandle(
-        handle.client,
-        handle.name,
-        config.validation.temperature,
-        1.0,
-        handle.max_tokens,
+    v = config.validation
+    return await evaluate(
+        task,
+        handle,
+        scenarios=v.scenarios,
+        samples=v.samples,
+        temperature=v.temperature,
         seed=config.seed + 1,
-    )
-    groups = await gather(
-        rollout or task.rollout,
-        val_handle,
-        scenarios,
-        config.validation.samples,
+        step=step,
         concurrency=config.rollout.concurrency,
-        max_failure_fraction=1.0,
-        progress=config.logging.progress and dp.main,
-        description=f"validation @ {step}",
-        seed_key=(step,),
-        part=dp.share(len(scenarios) * config.validation.samples) if dp.active else None,
+        rollout=rollout,
+        score=score,
+        progress=show_bars(config.logging.progress),
+        dp=dp,
     )
-    groups, scored = await _score(score, dp.merge_groups(groups), dp)
-    scored = {f"val/{k}": v for k, v in scored.items()}
-    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
-
-
-def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
-    trajs = [t for g in groups for t in g.ok]
-    rewards = [t.reward for t in trajs]
-    out: dict[str, float] = {
-        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
-        if trajs
-        else float("nan"),
-    }
-    if not prefix:
-        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-        signals = sorted({k for t in trajs for k in t.rewards})
-        for name in signals:
-            vals = [t.rewards[name] for t in trajs if name in t.rewards]
-            out[f"reward/{name}_mean"] = statistics.fmean(vals)
-        out["rollouts"] = float(sum(len(g) for g in groups))
-        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
-        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
-        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
-    return out
 
 
 class _WatchObserver:
@@ -457,22 +437,32 @@ def _watch_history(log: RunLog, upto: int) -> Iterator[tuple[int, dict[str, Any]
         yield step, metrics, log.step_samples(step) or []
 
 
-def _as_metrics(result: Any) -> dict[str, float]:
-    if result is None:
-        return {}
-    return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
-
-
-def _step_bar(config: RunConfig, start: int, enabled: bool = True):
+def _step_bar(config: RunConfig, start: int, show: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(
-        total=config.steps,
-        initial=start,
-        desc=config.name,
-        disable=not (config.logging.progress and enabled),
-        dynamic_ncols=True,
-    )
+    return tqdm(total=config.steps, initial=start, desc=config.name, disable=not show, dynamic_ncols=True)
+
+
+class _MissingSuccess:
+    """Says once, on stderr, when a task's first finished rollouts set no `metrics["success"]`: the
+    run's success rate then counts every rollout as a failure, and so does choosing the best
+    checkpoint by it (`--select best`), without anything else showing why. `quiet`: the other
+    ranks of a data-parallel run, which see the same rollouts as rank 0."""
+
+    def __init__(self, task: Task, *, quiet: bool = False):
+        self.task = task
+        self.checked = quiet
+
+    def check(self, groups: list[TrajectoryGroup]) -> None:
+        if self.checked or (found := sets_success(groups)) is None:
+            return
+        self.checked = True
+        if not found:
+            name = getattr(self.task, "name", type(self.task).__name__)
+            _say(
+                f'task {name!r} sets no traj.metrics["success"]: success_rate counts every rollout as 0, '
+                "--select best too; set it in the rollout (1.0 solved, 0.0 not)"
+            )
 
 
 class RunInterrupted(KeyboardInterrupt):

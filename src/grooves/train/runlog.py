@@ -8,6 +8,7 @@ Layout (documented in the README):
     samples/step_NNNNNN.jsonl   every TrajectoryGroup of that step, one per line
     checkpoints/step_NNNNNN/    adapter, optimizer, RNG states, data position
     findings.jsonl         reward-hacking watch findings (when the watch is on)
+    tensorboard/, wandb/, mlruns/, trackers.json   experiment trackers (`logging.report_to`)
     report.html            `grooves report RUN_DIR`
     .lock                  held by the trainer while it runs
 
@@ -26,12 +27,16 @@ import json
 import math
 import os
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grooves.core.trajectory import TrajectoryGroup, read_groups
 from grooves.jsonl import read_jsonl, write_jsonl, write_models
+
+if TYPE_CHECKING:
+    from grooves.train.trackers import Trackers
 
 LOCK_FILE = ".lock"
 RUN_OUTPUTS = (
@@ -43,6 +48,10 @@ RUN_OUTPUTS = (
     "findings.jsonl",
     "watch.jsonl",
     "report.html",
+    "tensorboard",
+    "wandb",
+    "mlruns",
+    "trackers.json",
 )
 """What a run writes into its folder, apart from config.toml (rewritten at each start) and the lock."""
 
@@ -110,11 +119,20 @@ def clear_run_outputs(run_dir: Path) -> None:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path):
+    """metrics.jsonl, samples/ and the reward curve; every row and samples file also goes to the
+    run's experiment trackers (`trackers`), if any."""
+
+    def __init__(self, run_dir: Path, trackers: Trackers | None = None):
         self.dir = run_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "samples").mkdir(exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
+        self.trackers = trackers
+
+    def close(self) -> None:
+        """Finish the trackers' runs (metrics.jsonl needs no closing)."""
+        if self.trackers is not None:
+            self.trackers.close()
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop metric rows of steps after the checkpoint, so no step appears twice."""
@@ -128,9 +146,14 @@ class RunLog:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def samples(self, step: int, groups: Sequence[TrajectoryGroup], name: str = "step") -> Path:
-        return write_models(self.dir / "samples" / f"{name}_{step:06d}.jsonl", groups, append=False)
+        path = write_models(self.dir / "samples" / f"{name}_{step:06d}.jsonl", groups, append=False)
+        if self.trackers is not None:
+            self.trackers.samples(step, groups, name)
+        return path
 
     def step_samples(self, step: int) -> list[TrajectoryGroup] | None:
         """The groups `samples` kept for training step `step`, or None when that step kept none."""
@@ -187,6 +210,36 @@ class RunLog:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def show_bars(progress: bool) -> bool:
+    """Progress bars only where a person watches them: `logging.progress` on, and stderr (where the
+    bars draw) a terminal. In a log file each redraw would be a line of its own."""
+    return progress and sys.stderr.isatty()
+
+
+def step_line(row: dict[str, Any], steps: int) -> str:
+    """A step on one line, for output that is not a terminal.
+
+    >>> step_line({"step": 3, "reward_mean": 0.5, "success_rate": 0.25, "loss": 0.012, "lr": 2e-4,
+    ...            "seconds_step": 4.21, "val/success_rate": 0.5}, 20)
+    'step 3/20 reward 0.500 success 0.250 loss 0.012 lr 2.0e-04 4.2 s val/success 0.500'
+    """
+    parts = [f"step {row['step']}/{steps}"]
+    for key, label, spec in (
+        ("reward_mean", "reward", ".3f"),
+        ("success_rate", "success", ".3f"),
+        ("loss", "loss", ".3g"),
+        ("lr", "lr", ".1e"),
+    ):
+        value = row.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            parts.append(f"{label} {value:{spec}}")
+    if isinstance(row.get("seconds_step"), int | float):
+        parts.append(f"{row['seconds_step']:.1f} s")
+    if isinstance(row.get("val/success_rate"), int | float) and math.isfinite(row["val/success_rate"]):
+        parts.append(f"val/success {row['val/success_rate']:.3f}")
+    return " ".join(parts)
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:

@@ -56,8 +56,8 @@ from grooves.train.checkpoint import (
     seed_everything,
 )
 from grooves.train.data import ScenarioStream
-from grooves.train.optim import adamw
-from grooves.train.runlog import RunLog
+from grooves.train.optim import adamw, lr_scheduler
+from grooves.train.runlog import RunLog, show_bars, step_line
 from grooves.train.step import gradient_step
 
 
@@ -161,7 +161,7 @@ async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[st
         task.scenarios("validation")[: v.scenarios],
         1,
         max_failure_fraction=1.0,
-        progress=config.logging.progress,
+        progress=show_bars(config.logging.progress),
         description=f"validation @ {step}",
         seed_key=(step,),
     )
@@ -185,12 +185,17 @@ def load_sequences(path: str | Path, policy: Policy) -> list[TrainSequence]:
     ]
 
 
-def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog) -> TrainState:
+def _checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to continue (None for a fresh run); checked before the model loads."""
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if checkpoint is None and resume:
         raise FileNotFoundError(
             f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume"
         )
+    return checkpoint
+
+
+def _restore(checkpoint: Path | None, policy, optimizer, stream, log: RunLog) -> TrainState:
     state = TrainState(step=0, data_position=0)
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
@@ -215,6 +220,7 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     from tqdm.auto import tqdm
 
     run_dir = Path(config.output_dir)
+    checkpoint = _checkpoint_to_resume(run_dir, resume)
     log = RunLog(run_dir)
     config_toml = dump(config)
     (run_dir / "config.toml").write_text(config_toml)
@@ -227,27 +233,23 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     )
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
     steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
-    state = _restore(run_dir, resume, policy, optimizer, stream, log)
+    state = _restore(checkpoint, policy, optimizer, stream, log)
+    if checkpoint is not None:
+        print(f"resuming {run_dir} from step {state.step} ({checkpoint})", flush=True)
+    scheduler = lr_scheduler(optimizer, config.optim, steps, done=state.step)
     task, handle = _validation_handle(config, policy)
     if task and state.step == 0:
         val, groups = await _validate(task, handle, config, 0)
         log.log({"step": 0, **val})
         log.samples(0, groups, name="validation")
-    bar = tqdm(
-        total=steps,
-        initial=state.step,
-        desc=config.name,
-        disable=not config.logging.progress,
-        dynamic_ncols=True,
-    )
+    bars = show_bars(config.logging.progress)  # progress bars on a terminal; else one line per step
+    bar = tqdm(total=steps, initial=state.step, desc=config.name, disable=not bars, dynamic_ncols=True)
     while state.step < steps:
         step, t0 = state.step + 1, time.perf_counter()
         batch = [s for _, s in stream.take(config.batch_size)]
-        metrics: dict[str, Any] = {
-            "step": step,
-            **sft_step(policy, optimizer, batch, config),
-            "lr": config.optim.lr,
-        }
+        lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
+        metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": lr}
+        scheduler.step()
         policy.adapters.bump()
         if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
             val, groups = await _validate(task, handle, config, step)
@@ -268,6 +270,8 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
             )
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+        if config.logging.progress and not bars:
+            print(step_line(metrics, steps), flush=True)
     bar.close()
     if handle is not None:
         await handle.client.close()

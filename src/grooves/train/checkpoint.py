@@ -11,6 +11,10 @@ sha256 of every other file, and a checkpoint is used only if every file matches 
 takes the newest intact checkpoint; each newer one that fails the check is named on one line
 with what is wrong, and skipped.
 
+Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
+metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
+checkpoint `--select best` would pick (ART keeps its best and latest the same way).
+
 Loading never runs code from the checkpoint: `optimizer.pt` and `rng.pt` hold only tensors,
 numbers and lists (the RNG states are stored as tensors, not as pickled Python and numpy
 objects) and are read with `torch.load(weights_only=True)`. Checkpoints written before this
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import shutil
 from dataclasses import dataclass
@@ -30,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from grooves.jsonl import read_jsonl
 
 CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
@@ -54,8 +61,19 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, keep: int
+    run_dir: Path,
+    state: TrainState,
+    model,
+    optimizer,
+    policy_generator,
+    config_toml: str,
+    keep: int,
+    *,
+    keep_best_by: str = "",
+    keep_best_mode: str = "max",
 ) -> Path:
+    """Write checkpoint `state.step`, then prune: the newest `keep` stay, and the best by
+    `keep_best_by` (a metrics.jsonl key, e.g. `val/success_rate`; "" keeps no best) stays too."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,7 +88,7 @@ def save_checkpoint(
     _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    _prune(run_dir / "checkpoints", keep)
+    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
     return final
 
 
@@ -167,14 +185,53 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def _prune(folder: Path, keep: int) -> None:
-    done = sorted(
-        p
+def retained_steps(
+    steps: list[int], keep: int, scores: dict[int, float] | None = None, mode: str = "max"
+) -> set[int]:
+    """The checkpoint steps to keep: the newest `keep`, plus the step whose score is best.
+
+    `scores` maps a step to its metric (steps without one are never "best"); `mode` says whether
+    higher (`max`) or lower (`min`) is better; ties go to the later step, as `--select best` picks.
+
+    >>> sorted(retained_steps([1, 2, 3, 4, 5], keep=2, scores={2: 0.9, 4: 0.5, 5: 0.7}))
+    [2, 4, 5]
+    >>> sorted(retained_steps([1, 2, 3], keep=1, scores={1: 0.3, 2: 0.1}, mode="min"))
+    [2, 3]
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    ordered = sorted(steps)
+    kept = set(ordered[-keep:]) if keep > 0 else set()
+    scored = [s for s in ordered if s in (scores or {})]
+    if scored:
+        sign = 1.0 if mode == "max" else -1.0
+        kept.add(max(scored, key=lambda s: (sign * scores[s], s)))  # type: ignore[index]
+    return kept
+
+
+def _step_scores(run_dir: Path, metric: str) -> dict[int, float]:
+    """`metric` per step from the run's metrics.jsonl (finite numbers only); {} without a metric."""
+    path = run_dir / "metrics.jsonl"
+    if not metric or not path.is_file():
+        return {}
+    scores: dict[int, float] = {}
+    for row in read_jsonl(path):
+        value = row.get(metric)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            scores[int(row.get("step", 0))] = float(value)
+    return scores
+
+
+def _prune(folder: Path, keep: int, scores: dict[int, float] | None = None, mode: str = "max") -> None:
+    done = {
+        int(p.name.removeprefix(CHECKPOINT_PREFIX)): p
         for p in folder.iterdir()
         if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
-    )
-    for old in done[:-keep]:
-        shutil.rmtree(old)
+    }
+    kept = retained_steps(list(done), keep, scores, mode)
+    for step, path in sorted(done.items()):
+        if step not in kept:
+            shutil.rmtree(path)
 
 
 def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:

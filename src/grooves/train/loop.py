@@ -220,6 +220,8 @@ async def run(
                     policy.generator,
                     config_toml,
                     config.logging.keep_checkpoints,
+                    keep_best_by=config.logging.keep_best_by,
+                    keep_best_mode=config.logging.keep_best_mode,
                 )
             log.plot()
             bar.update(1)
@@ -233,6 +235,8 @@ async def run(
                     policy.generator,
                     config_toml,
                     config.logging.keep_checkpoints,
+                    keep_best_by=config.logging.keep_best_by,
+                    keep_best_mode=config.logging.keep_best_mode,
                 )
                 print(
                     f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume",

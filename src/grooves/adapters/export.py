@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
-from grooves.models import resolve_model
+from grooves.models import adapter_base, check_adapter_base, describe_base, record_adapter_base, resolve_model
 
 PROBE_MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -54,10 +54,21 @@ class ExportResult:
     adapter_dir: str | None
     max_abs_logit_diff: float | None
     """Reloaded merged model vs adapter model, on the probe chat (None when not verified)."""
+    base: dict | None = None
+    """The base model merged into (`models.BaseModelRecord`: Hub id, local path, weights sha256)."""
+    base_warning: str | None = None
+    """Set when the adapter records another base (its weights hash differs from this one's)."""
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str:
-    """The base model an adapter was trained on, as peft recorded it in adapter_config.json."""
+    """The base model an adapter was trained on: the local path its `base_model.json` records when
+    that folder is on this machine, else its Hub id, else what peft wrote in adapter_config.json."""
+    record = adapter_base(adapter_dir)
+    if record is not None:
+        if record.path and Path(record.path).is_dir():
+            return record.path
+        if record.hub_id:
+            return record.hub_id
     config_path = Path(adapter_dir) / "adapter_config.json"
     try:
         config = json.loads(config_path.read_text())
@@ -113,6 +124,8 @@ def export_adapter(
     except BadAdapter as exc:
         raise ExportError(f"{exc}; nothing was exported") from None
     base_path = resolve_model(base)
+    base_record = describe_base(base_path)
+    base_warning = check_adapter_base(adapter_dir, base_path)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
@@ -122,6 +135,7 @@ def export_adapter(
         diff = None
         if adapter:
             peft_model.save_pretrained(tmp / "adapter")
+            record_adapter_base(tmp / "adapter", base_record)
         if merged:
             ids = probe_ids(tokenizer)
             reference = _logits(peft_model, ids) if verify else None
@@ -142,6 +156,8 @@ def export_adapter(
             str(out_dir / "merged") if merged else None,
             str(out_dir / "adapter") if adapter else None,
             diff,
+            base_record.to_json(),
+            base_warning,
         )
         (tmp / "export.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
         _move_into_place(tmp, out_dir)

@@ -128,6 +128,12 @@ def export_command(
     except (OSError, RuntimeError) as exc:  # the recorded base model is gone, or does not fit the adapter
         raise _fail(f"{exc}\nfix: pass the adapter's base model with --base") from exc
     console.print(f"adapter {path}", highlight=False)
+    if result.base:
+        b = result.base
+        console.print(
+            f"base {b['hub_id'] or '(no Hub id)'} at {b['path']}, weights sha256 {b['weights_sha256']}",
+            highlight=False,
+        )
     if result.merged_dir:
         console.print(f"merged model -> {result.merged_dir}", highlight=False)
     if result.adapter_dir:

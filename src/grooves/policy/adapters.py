@@ -17,6 +17,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from grooves.models import check_adapter_base
+
 
 class PeftAdapters:
     """A peft model, its own adapter's version, and the extra adapters loaded into it."""
@@ -41,6 +43,9 @@ class PeftAdapters:
             raise ValueError(
                 f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
             )
+        base = getattr(self.model, "name_or_path", None)  # the folder the base weights came from
+        if base:
+            check_adapter_base(path, base)  # another base's weights: a warning, see grooves.models
         with self.lock, self.keep_requires_grad():
             try:
                 if hasattr(self.model, "peft_config"):

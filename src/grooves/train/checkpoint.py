@@ -1,7 +1,8 @@
 """Checkpoints: everything needed to continue a run as if it had never stopped.
 
 A checkpoint is a folder `checkpoints/step_000012/` holding the adapter (peft format, loadable by
-`grooves serve --adapter`), the optimizer state, every RNG state, the data position and the
+`grooves serve --adapter`, with `base_model.json`: the base's Hub id, path and weights sha256,
+checked again on resume), the optimizer state, every RNG state, the data position and the
 resolved config. It is written to a temporary folder and renamed into place, so a run killed
 mid-write leaves the previous checkpoint intact, never a half-written one.
 
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from grooves.jsonl import read_jsonl
+from grooves.models import check_adapter_base, describe_base, record_adapter_base
 
 CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
@@ -79,6 +81,9 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "adapter")
+    base = _base_path(model)
+    if base is not None:  # the base by Hub id, path and weights hash (hashed once, then cached)
+        record_adapter_base(tmp / "adapter", describe_base(base))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_states(policy_generator), tmp / "rng.pt")
     (tmp / "state.json").write_text(
@@ -90,6 +95,12 @@ def save_checkpoint(
     tmp.rename(final)
     _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
     return final
+
+
+def _base_path(model) -> str | None:
+    """The folder or hub id the peft model's base was loaded from (peft records it per adapter)."""
+    config = getattr(model, "peft_config", {}).get("default")
+    return getattr(config, "base_model_name_or_path", None) or None
 
 
 def seed_everything(seed: int) -> None:
@@ -267,6 +278,9 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    base = _base_path(model)
+    if base is not None:
+        check_adapter_base(path / "adapter", base)  # logs a warning if the base's weights changed
     adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     try:
         result = set_peft_model_state_dict(model, adapter)

@@ -11,8 +11,9 @@ Verification: the GGUF's sha256 must match the one pinned below, the converted d
 manifest with the sha256 of every file, and a short greedy generation must produce text.
 
 What the embedded default is: the Q4_1 quantization of HuggingFaceTB/SmolLM2-135M-Instruct,
-dequantized. Its weights are the Hub's rounded to 4-bit blocks and back, so it is a slightly
-different model from the Hub's bf16 one; an adapter trained on it is an adapter for these weights.
+dequantized: attention and MLP weights rounded to 4-bit blocks (Q4_1), token embeddings (the tied
+output head) to 8-bit blocks (Q8_0), and back. It is a slightly different model from the Hub's
+bf16 one; an adapter trained on it is an adapter for these weights.
 
 Provenance (`describe_base`): a base model is recorded by its Hub id (the embedded default's is
 known; a local directory's is read from its config's `_name_or_path` or its Hugging Face cache

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,16 @@ def export_adapter(
         raise ExportError(f"{exc}; nothing was exported") from None
     base_path = resolve_model(base)
     base_record = describe_base(base_path)
+    recorded = adapter_base(adapter_dir)
+    if (
+        recorded
+        and recorded.hub_id
+        and not base_record.hub_id
+        and recorded.weights_sha256 == base_record.weights_sha256
+    ):
+        base_record = replace(
+            base_record, hub_id=recorded.hub_id
+        )  # the same weights: the Hub id it was trained under
     base_warning = check_adapter_base(adapter_dir, base_path)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()

@@ -111,6 +111,12 @@ def export_command(
     gguf_type: str = typer.Option(
         "f16", "--gguf-type", help="Weights of model.gguf: f32, f16, bf16 or q8_0 (norms stay f32)."
     ),
+    push_to_hub: str | None = typer.Option(
+        None,
+        "--push-to-hub",
+        help="Upload the export to this Hugging Face repo (ORG/NAME) with a model card; token from HF_TOKEN.",
+    ),
+    private: bool = typer.Option(False, "--private", help="With --push-to-hub: create the repo private."),
 ) -> None:
     """Merge an adapter into its base model and write a plain Hugging Face folder (and the adapter).
 
@@ -166,6 +172,23 @@ def export_command(
             f"max |logit(gguf) - logit(merged)| on the probe chat: {result.gguf_max_abs_logit_diff:.3g}",
             highlight=False,
         )
+    if push_to_hub:
+        _push(out, push_to_hub, private)
+
+
+def _push(out: Path, repo_id: str, private: bool) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from grooves.adapters.hub import push_to_hub
+
+    try:
+        url = push_to_hub(out, repo_id, private=private or None)
+    except HfHubHTTPError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise _fail(f"--push-to-hub {repo_id}: {first}; the export is in {out}") from exc
+    except (OSError, ValueError) as exc:  # no network, a bad repo id, no token
+        raise _fail(f"--push-to-hub {repo_id}: {type(exc).__name__}: {exc}; the export is in {out}") from exc
+    console.print(f"pushed to {repo_id}: {url}", highlight=False)
 
 
 @weights_app.command("diff")

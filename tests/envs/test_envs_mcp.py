@@ -224,3 +224,27 @@ def test_stdio_without_mcp_is_refused():
 
     result = CliRunner().invoke(app, ["env", "serve", "support_desk", "--stdio"])
     assert result.exit_code == 2 and "add --mcp" in result.output
+
+
+def test_the_mcp_server_caps_open_episodes_and_expires_idle_ones():
+    from mcp import Client
+
+    from grooves.envs.mcp_server import build_server
+
+    now = [0.0]
+    server, store = build_server(get_env("support_desk"), ttl_s=60, max_sessions=2, clock=lambda: now[0])
+    scenario_id = get_env("support_desk").scenarios("train")[0]["id"]
+
+    async def main():
+        async with Client(server, mode="legacy") as client:
+            first = await client.call_tool("grooves_reset", {"scenario_id": scenario_id, "bind": False})
+            await client.call_tool("grooves_reset", {"scenario_id": scenario_id, "bind": False})
+            full = await client.call_tool("grooves_reset", {"scenario_id": scenario_id, "bind": False})
+            assert full.is_error and full.structured_content["status"] == 429 and len(store) == 2
+            handle = {"grooves/episode": first.structured_content["episode"]}
+            assert not (await client.call_tool("grooves_metrics", {}, meta=handle)).is_error
+            now[0] += 61  # idle past the TTL
+            expired = await client.call_tool("grooves_metrics", {}, meta=handle)
+            assert expired.is_error and "expired after 60 s idle" in expired.content[0].text
+
+    asyncio.run(main())

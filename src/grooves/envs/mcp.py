@@ -79,6 +79,9 @@ class McpServer:
         return cls(command=command)
 
     def client(self, timeout_s: float):
+        # mode="legacy": the initialize handshake, which gives a Streamable HTTP connection its own
+        # MCP session (per-episode isolation); the 2026 protocol has no sessions, and servers of
+        # both eras accept the handshake
         from mcp import Client, StdioServerParameters
 
         if self.url:

@@ -30,6 +30,7 @@ crash. Requests larger than `max_body_bytes` are refused by the SDK (413) before
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +123,7 @@ class EpisodeRouter:
         self.env, self.store = env, store
         self.bound: dict[str, str] = {}
         """MCP session id (or "stdio") -> the episode handle grooves_reset opened for it."""
+        self._lock = threading.Lock()  # handlers run in worker threads
 
     def binding_key(self, ctx: Any) -> str:
         request = getattr(ctx, "request", None)
@@ -134,7 +136,8 @@ class EpisodeRouter:
         handle = meta.get(EPISODE_META_KEY) if isinstance(meta, dict) else None
         if handle:
             return str(handle)
-        handle = self.bound.get(self.binding_key(ctx))
+        with self._lock:
+            handle = self.bound.get(self.binding_key(ctx))
         if handle is None:
             raise SessionError(404, "no episode in this session: call grooves_reset(scenario_id) first")
         return handle
@@ -152,8 +155,12 @@ class EpisodeRouter:
                 "scenario": public_scenario(scenarios[scenario_id]),
             }
         key = self.binding_key(ctx)
-        previous = self.bound.get(key)
-        self.bound[key] = handle
+        with self._lock:
+            previous = self.bound.get(key)
+            self.bound[key] = handle
+            # sessions whose episode expired or was closed keep no entry here
+            live = self.store.handles()
+            self.bound = {k: v for k, v in self.bound.items() if v in live}
         if previous is not None:
             try:
                 self.store.remove(previous)
@@ -168,7 +175,8 @@ class EpisodeRouter:
     def close(self, ctx: Any) -> dict[str, Any]:
         handle = self.handle(ctx)
         self.store.remove(handle)
-        self.bound = {k: v for k, v in self.bound.items() if v != handle}
+        with self._lock:
+            self.bound = {k: v for k, v in self.bound.items() if v != handle}
         return {"closed": handle}
 
 

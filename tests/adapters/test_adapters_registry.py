@@ -34,7 +34,7 @@ def test_incomplete_checkpoints_and_missing_metrics(tiny_model_dir, tmp_path):
     (run / "checkpoints" / "step_000002" / "state.json").unlink()
     registry = AdapterRegistry(run)
     assert [e.step for e in registry.checkpoints()] == [1]
-    with pytest.raises(AdapterNotFound, match="keep_checkpoints"):
+    with pytest.raises(AdapterNotFound, match="keep_best_by"):
         registry.best()
     with pytest.raises(AdapterNotFound, match=r"kept steps: \[1\]"):
         registry.step(7)

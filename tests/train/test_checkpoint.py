@@ -178,3 +178,62 @@ def test_resuming_with_other_lora_settings_is_one_line(trainee, tiny_model_dir, 
         if lora["r"] == 4
         else ("lora.target_modules" in message and "v_proj" in message)
     )
+
+
+def test_retention_keeps_the_best_checkpoint_besides_the_newest(trainee, tmp_path):
+    """keep_checkpoints=1 used to delete every checkpoint but the newest, the best one included."""
+    model, optimizer, generator = trainee
+    rows = [
+        {"step": 0, "val/success_rate": 0.95},  # validation before training: no checkpoint to keep
+        {"step": 1, "loss": 0.1},
+        {"step": 2, "loss": 0.1, "val/success_rate": 0.75, "val/reward_mean": 0.2},
+        {"step": 3, "loss": 0.1},
+        {"step": 4, "loss": 0.1, "val/success_rate": 0.5, "val/reward_mean": 0.9},
+        {"step": 5, "loss": 0.1},
+    ]
+    for row in rows[1:]:
+        with (tmp_path / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        save_checkpoint(
+            tmp_path,
+            TrainState(step=row["step"], data_position=0),
+            model,
+            optimizer,
+            generator,
+            "",
+            keep=1,
+            keep_best_by="val/success_rate",
+        )
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_000002", "step_000005"]
+
+    # another metric, lower is better: step 2's reward (0.2) beats step 4's (0.9)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for step in (2, 4, 5):
+        save_checkpoint(
+            other,
+            TrainState(step=step, data_position=0),
+            model,
+            optimizer,
+            generator,
+            "",
+            keep=1,
+            keep_best_by="val/reward_mean",
+            keep_best_mode="min",
+        )
+    assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["step_000002", "step_000005"]
+
+    # "" keeps the newest only, as before
+    save_checkpoint(
+        tmp_path,
+        TrainState(step=6, data_position=0),
+        model,
+        optimizer,
+        generator,
+        "",
+        keep=1,
+        keep_best_by="",
+    )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000006"]

@@ -11,6 +11,11 @@ logits on a probe chat with the adapter model's logits before the merge; the max
 difference is written to `export.json` next to the model (about 1e-6 in float32: a merge changes
 the order of floating-point sums, nothing else).
 
+With `gguf_type` set (`grooves export --format gguf`), the merged model is also written as one
+GGUF file, `model.gguf` (`to_gguf.py`: llama.cpp's tensor names and tokenizer metadata), for
+llama.cpp and the runtimes built on it; the export loads it back with transformers' GGUF loader
+and records its logits' difference from the merged model's (0 for `f32`).
+
 The output folder appears whole or not at all: everything is written into a temporary folder
 beside it (`.NAME.*.tmp`) and renamed into place once verified, so an export that fails or is
 killed leaves no half-written model where a server would load it. An existing non-empty output
@@ -25,13 +30,14 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
-from grooves.models import resolve_model
+from grooves.adapters.to_gguf import GGUF_TYPES, GgufError, write_gguf
+from grooves.models import adapter_base, check_adapter_base, describe_base, record_adapter_base, resolve_model
 from grooves.policy.adapters import peft_wrapping
 
 PROBE_MESSAGES = [
@@ -55,10 +61,25 @@ class ExportResult:
     adapter_dir: str | None
     max_abs_logit_diff: float | None
     """Reloaded merged model vs adapter model, on the probe chat (None when not verified)."""
+    base: dict | None = None
+    """The base model merged into (`models.BaseModelRecord`: Hub id, local path, weights sha256)."""
+    base_warning: str | None = None
+    """Set when the adapter records another base (its weights hash differs from this one's)."""
+    gguf: dict | None = None
+    """The GGUF file (`to_gguf.GgufInfo`: path, type, tensors, pre-tokenizer, bytes), if written."""
+    gguf_max_abs_logit_diff: float | None = None
+    """GGUF model (loaded back by transformers) vs the merged model, on the probe chat."""
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str:
-    """The base model an adapter was trained on, as peft recorded it in adapter_config.json."""
+    """The base model an adapter was trained on: the local path its `base_model.json` records when
+    that folder is on this machine, else its Hub id, else what peft wrote in adapter_config.json."""
+    record = adapter_base(adapter_dir)
+    if record is not None:
+        if record.path and Path(record.path).is_dir():
+            return record.path
+        if record.hub_id:
+            return record.hub_id
     config_path = Path(adapter_dir) / "adapter_config.json"
     try:
         config = json.loads(config_path.read_text())
@@ -91,16 +112,20 @@ def export_adapter(
     adapter: bool = True,
     verify: bool = True,
     overwrite: bool = False,
+    gguf_type: str | None = None,
 ) -> ExportResult:
-    """Write `out_dir/merged` (a Hugging Face model) and/or `out_dir/adapter` (peft) for one adapter.
+    """Write `out_dir/merged` (a Hugging Face model) and/or `out_dir/adapter` (peft) for one adapter,
+    and with `gguf_type` (f32, f16, bf16, q8_0) `out_dir/model.gguf`.
 
     `out_dir` must be absent or empty unless `overwrite`; it is written atomically (module docstring).
     """
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (merged or adapter):
+    if not (merged or adapter or gguf_type):
         raise ExportError("nothing to export: both the merged model and the adapter were turned off")
+    if gguf_type is not None and gguf_type not in GGUF_TYPES:
+        raise ExportError(f"gguf type {gguf_type!r}: use one of {', '.join(GGUF_TYPES)}")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ExportError(f"dtype={dtype!r}: use float32, bfloat16 or float16")
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
@@ -114,6 +139,18 @@ def export_adapter(
     except BadAdapter as exc:
         raise ExportError(f"{exc}; nothing was exported") from None
     base_path = resolve_model(base)
+    base_record = describe_base(base_path)
+    recorded = adapter_base(adapter_dir)
+    if (
+        recorded
+        and recorded.hub_id
+        and not base_record.hub_id
+        and recorded.weights_sha256 == base_record.weights_sha256
+    ):
+        base_record = replace(
+            base_record, hub_id=recorded.hub_id
+        )  # the same weights: the Hub id it was trained under
+    base_warning = check_adapter_base(adapter_dir, base_path)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
     with peft_wrapping():
@@ -124,18 +161,38 @@ def export_adapter(
         diff = None
         if adapter:
             peft_model.save_pretrained(tmp / "adapter")
-        if merged:
+            record_adapter_base(tmp / "adapter", base_record)
+        gguf_info, gguf_diff = None, None
+        if merged or gguf_type:
             ids = probe_ids(tokenizer)
             reference = _logits(peft_model, ids) if verify else None
             plain = peft_model.merge_and_unload().to(getattr(torch, dtype))
             plain.save_pretrained(tmp / "merged")
             tokenizer.save_pretrained(tmp / "merged")
+            reloaded = None
             if reference is not None:
                 reloaded = AutoModelForCausalLM.from_pretrained(tmp / "merged", dtype=torch.float32).eval()
                 diff = float((_logits(reloaded, ids) - reference).abs().max())
+            if gguf_type:
+                try:
+                    gguf_info = asdict(write_gguf(tmp / "merged", tmp / "model.gguf", gguf_type=gguf_type))
+                except GgufError as exc:
+                    raise ExportError(f"{exc}; nothing was exported") from None
+                gguf_info["path"] = str(out_dir / "model.gguf")
+                if reloaded is not None:
+                    from_gguf = AutoModelForCausalLM.from_pretrained(
+                        tmp, gguf_file="model.gguf", dtype=torch.float32
+                    ).eval()
+                    gguf_diff = float((_logits(from_gguf, ids) - _logits(reloaded, ids)).abs().max())
+            if not merged:  # written only to make the GGUF from
+                shutil.rmtree(tmp / "merged")
         if diff is not None and dtype == "float32" and diff > FLOAT32_TOLERANCE:
             raise ExportError(
                 f"merged model's logits differ from the adapter's by {diff:.3g} (> {FLOAT32_TOLERANCE}); nothing was exported"
+            )
+        if gguf_diff is not None and gguf_type == "f32" and gguf_diff > FLOAT32_TOLERANCE:
+            raise ExportError(
+                f"the f32 GGUF's logits differ from the merged model's by {gguf_diff:.3g} (> {FLOAT32_TOLERANCE}); nothing was exported"
             )
         result = ExportResult(
             str(adapter_dir),
@@ -144,6 +201,10 @@ def export_adapter(
             str(out_dir / "merged") if merged else None,
             str(out_dir / "adapter") if adapter else None,
             diff,
+            base_record.to_json(),
+            base_warning,
+            gguf_info,
+            gguf_diff,
         )
         (tmp / "export.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
         _move_into_place(tmp, out_dir)

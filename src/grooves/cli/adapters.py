@@ -1,6 +1,6 @@
 """Commands for adapters after (or beside) training: export, weights diff, list, promote.
 
-    grooves export SOURCE --out DIR          merged Hugging Face model + peft adapter
+    grooves export SOURCE --out DIR          merged Hugging Face model + peft adapter (--format gguf: + model.gguf)
     grooves weights diff A [B]               per-layer ||dW|| / ||W|| of one or two adapters
     grooves adapters list RUN_DIR            a run's checkpoints and their validation metrics
     grooves adapters promote NAME SOURCE     make a running server answer NAME with SOURCE
@@ -103,6 +103,20 @@ def export_command(
         True, "--verify/--no-verify", help="Reload the merged model and compare its logits."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it is not empty."),
+    formats: list[str] = typer.Option(
+        ["hf"],
+        "--format",
+        help="hf: merged/ (Hugging Face) and adapter/ (peft); gguf: also model.gguf for llama.cpp. Repeatable.",
+    ),
+    gguf_type: str = typer.Option(
+        "f16", "--gguf-type", help="Weights of model.gguf: f32, f16, bf16 or q8_0 (norms stay f32)."
+    ),
+    push_to_hub: str | None = typer.Option(
+        None,
+        "--push-to-hub",
+        help="Upload the export to this Hugging Face repo (ORG/NAME) with a model card; token from HF_TOKEN.",
+    ),
+    private: bool = typer.Option(False, "--private", help="With --push-to-hub: create the repo private."),
 ) -> None:
     """Merge an adapter into its base model and write a plain Hugging Face folder (and the adapter).
 
@@ -111,6 +125,9 @@ def export_command(
     """
     from grooves.adapters.export import ExportError, export_adapter
 
+    unknown = [f for f in formats if f not in ("hf", "gguf")]
+    if unknown:
+        raise _fail(f"--format {unknown[0]!r}: use hf or gguf", code=2)
     path = _resolve(source, select, metric, mode)
     try:
         result = export_adapter(
@@ -122,21 +139,56 @@ def export_command(
             adapter=adapter,
             verify=verify,
             overwrite=overwrite,
+            gguf_type=gguf_type if "gguf" in formats else None,
         )
     except ExportError as exc:
         raise _fail(str(exc)) from exc
     except (OSError, RuntimeError) as exc:  # the recorded base model is gone, or does not fit the adapter
         raise _fail(f"{exc}\nfix: pass the adapter's base model with --base") from exc
     console.print(f"adapter {path}", highlight=False)
+    if result.base:
+        b = result.base
+        console.print(
+            f"base {b['hub_id'] or '(no Hub id)'} at {b['path']}, weights sha256 {b['weights_sha256']}",
+            highlight=False,
+        )
     if result.merged_dir:
         console.print(f"merged model -> {result.merged_dir}", highlight=False)
     if result.adapter_dir:
         console.print(f"peft adapter -> {result.adapter_dir}", highlight=False)
+    if result.gguf:
+        g = result.gguf
+        console.print(
+            f"gguf ({g['gguf_type']}, {g['tensors']} tensors, pre-tokenizer {g['pre_tokenizer']}) -> {g['path']}",
+            highlight=False,
+        )
     if result.max_abs_logit_diff is not None:
         console.print(
             f"max |logit(merged) - logit(adapter)| on the probe chat: {result.max_abs_logit_diff:.3g}",
             highlight=False,
         )
+    if result.gguf_max_abs_logit_diff is not None:
+        console.print(
+            f"max |logit(gguf) - logit(merged)| on the probe chat: {result.gguf_max_abs_logit_diff:.3g}",
+            highlight=False,
+        )
+    if push_to_hub:
+        _push(out, push_to_hub, private)
+
+
+def _push(out: Path, repo_id: str, private: bool) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from grooves.adapters.hub import push_to_hub
+
+    try:
+        url = push_to_hub(out, repo_id, private=private or None)
+    except HfHubHTTPError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise _fail(f"--push-to-hub {repo_id}: {first}; the export is in {out}") from exc
+    except (OSError, ValueError) as exc:  # no network, a bad repo id, no token
+        raise _fail(f"--push-to-hub {repo_id}: {type(exc).__name__}: {exc}; the export is in {out}") from exc
+    console.print(f"pushed to {repo_id}: {url}", highlight=False)
 
 
 @weights_app.command("diff")

@@ -60,8 +60,29 @@ def serve(
     max_snapshot_bytes: int = typer.Option(
         16 * 2**20, min=1, help="largest snapshot a session may restore (413 past it)"
     ),
+    mcp: bool = typer.Option(
+        False,
+        "--mcp",
+        help="serve it as an MCP server (Streamable HTTP at http://HOST:PORT/mcp), one episode per MCP session",
+    ),
+    stdio: bool = typer.Option(False, "--stdio", help="with --mcp: over stdin/stdout instead of HTTP"),
 ) -> None:
-    """Serve an environment over HTTP (sessions: create, reset, step, snapshot, restore, grade, close)."""
+    """Serve an environment over HTTP (sessions: create, reset, step, snapshot, restore, grade, close),
+    or with --mcp as an MCP server (its tools, and grooves_reset / grooves_grade to run episodes)."""
+    if stdio and not mcp:
+        raise typer.BadParameter("--stdio serves MCP over stdin/stdout; add --mcp", param_hint="--stdio")
+    if mcp:
+        from grooves.envs.mcp_server import serve_http, serve_stdio
+
+        env = get_env(name, seed=seed)
+        if stdio:
+            serve_stdio(env, ttl_s=ttl, max_sessions=max_sessions)
+        else:
+            typer.echo(f"MCP server for {name} at http://{host}:{port}/mcp", err=True)
+            serve_http(
+                env, host=host, port=port, ttl_s=ttl, max_sessions=max_sessions, max_body_bytes=max_body_bytes
+            )
+        return
     from grooves.envs.server import serve as run
 
     run(

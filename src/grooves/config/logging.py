@@ -15,6 +15,13 @@ class LoggingConfig(Section):
     checkpoint_every: int = Field(1, ge=1)
     """Checkpoint every K steps; resume loses at most K-1 steps."""
     keep_checkpoints: int = Field(3, ge=1)
+    """The newest K checkpoints stay; older ones are deleted (except the best, below)."""
+    keep_best_by: str = "val/success_rate"
+    """A metrics.jsonl key (a validation metric): the checkpoint whose step scored best on it is
+    kept besides the newest `keep_checkpoints`, so `--select best` still finds it. Only steps that
+    are both validated and checkpointed count. "" keeps no best."""
+    keep_best_mode: Literal["max", "min"] = "max"
+    """Whether a higher (`max`) or lower (`min`) `keep_best_by` is better."""
     progress: bool = True
     """Progress bars on a terminal; one line per step when the output is not a terminal (a log file)."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []

@@ -9,6 +9,7 @@ naming it, exactly as in `grooves train`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -37,6 +38,9 @@ class SftValidationConfig(Section):
 class SftLoggingConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    keep_best_by: str = "val/success_rate"
+    """As in `grooves train`: the best checkpoint by this validation metric is kept too ("" = none)."""
+    keep_best_mode: Literal["max", "min"] = "max"
     progress: bool = True
 
 

@@ -114,6 +114,11 @@ class SessionStore:
         for s in sessions:
             s.episode.close()
 
+    def handles(self) -> set[str]:
+        """The ids of the sessions open now."""
+        with self._lock:
+            return set(self._sessions)
+
     def __len__(self) -> int:
         return len(self._sessions)
 

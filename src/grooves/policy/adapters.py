@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from grooves.models import check_adapter_base
+
 
 @contextlib.contextmanager
 def peft_wrapping() -> Iterator[None]:
@@ -55,6 +57,9 @@ class PeftAdapters:
             raise ValueError(
                 f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
             )
+        base = getattr(self.model, "name_or_path", None)  # the folder the base weights came from
+        if base:
+            check_adapter_base(path, base)  # another base's weights: a warning, see grooves.models
         with self.lock, self.keep_requires_grad(), peft_wrapping():
             try:
                 if hasattr(self.model, "peft_config"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from grooves.config import FastMode, LoraConfig, SamplerPrecision
-from grooves.models import resolve_model
+from grooves.models import check_adapter_base, resolve_model
 from grooves.policy import fast as speed
 from grooves.policy.adapters import PeftAdapters, peft_wrapping
 from grooves.policy.fast import FastPaths, FastSampling
@@ -53,6 +53,7 @@ def load_model(
     if adapter_path is not None:
         from peft import PeftModel
 
+        check_adapter_base(adapter_path, path)  # another base's weights: a warning, see models.py
         with peft_wrapping():
             model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
     elif lora is not None:

@@ -1,7 +1,8 @@
 """Checkpoints: everything needed to continue a run as if it had never stopped.
 
 A checkpoint is a folder `checkpoints/step_000012/` holding the adapter (peft format, loadable by
-`grooves serve --adapter`), the optimizer state, every RNG state, the data position and the
+`grooves serve --adapter`, with `base_model.json`: the base's Hub id, path and weights sha256,
+checked again on resume), the optimizer state, every RNG state, the data position and the
 resolved config. It is written to a temporary folder and renamed into place, so a run killed
 mid-write leaves the previous checkpoint intact, never a half-written one.
 
@@ -10,6 +11,10 @@ disk, a copy cut short, a bad sector). So the last file written is `manifest.jso
 sha256 of every other file, and a checkpoint is used only if every file matches it. Resuming
 takes the newest intact checkpoint; each newer one that fails the check is named on one line
 with what is wrong, and skipped.
+
+Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
+metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
+checkpoint `--select best` would pick (ART keeps its best and latest the same way).
 
 Loading never runs code from the checkpoint: `optimizer.pt` and `rng.pt` hold only tensors,
 numbers and lists (the RNG states are stored as tensors, not as pickled Python and numpy
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import shutil
 from dataclasses import dataclass
@@ -30,6 +36,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from grooves.jsonl import read_jsonl
+from grooves.models import check_adapter_base, describe_base, record_adapter_base
 
 CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
@@ -62,16 +71,23 @@ def save_checkpoint(
     config_toml: str,
     keep: int,
     extra: dict[str, Path] | None = None,
+    *,
+    keep_best_by: str = "",
+    keep_best_mode: str = "max",
 ) -> Path:
-    """Write checkpoint `state.step` (see the module docstring). `extra` copies more folders into
-    it, {path in the checkpoint: folder}, checksummed like the rest (the saved adapter versions of
-    `train.pipeline`)."""
+    """Write checkpoint `state.step` (see the module docstring), then prune: the newest `keep`
+    stay, and the best by `keep_best_by` (a metrics.jsonl key, e.g. `val/success_rate`; "" keeps
+    no best) stays too. `extra` copies more folders into it, {path in the checkpoint: folder},
+    checksummed like the rest (the saved adapter versions of `train.pipeline`)."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     # the training adapter only: adapters served beside it (pinned versions, extra names) are not the run's
     model.save_pretrained(tmp / "adapter", selected_adapters=["default"])
+    base = _base_path(model)
+    if base is not None:  # the base by Hub id, path and weights hash (hashed once, then cached)
+        record_adapter_base(tmp / "adapter", describe_base(base))
     for name, folder in (extra or {}).items():
         shutil.copytree(folder, tmp / name)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -83,8 +99,14 @@ def save_checkpoint(
     _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    _prune(run_dir / "checkpoints", keep)
+    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
     return final
+
+
+def _base_path(model) -> str | None:
+    """The folder or hub id the peft model's base was loaded from (peft records it per adapter)."""
+    config = getattr(model, "peft_config", {}).get("default")
+    return getattr(config, "base_model_name_or_path", None) or None
 
 
 def seed_everything(seed: int) -> None:
@@ -180,14 +202,53 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def _prune(folder: Path, keep: int) -> None:
-    done = sorted(
-        p
+def retained_steps(
+    steps: list[int], keep: int, scores: dict[int, float] | None = None, mode: str = "max"
+) -> set[int]:
+    """The checkpoint steps to keep: the newest `keep`, plus the step whose score is best.
+
+    `scores` maps a step to its metric (steps without one are never "best"); `mode` says whether
+    higher (`max`) or lower (`min`) is better; ties go to the later step, as `--select best` picks.
+
+    >>> sorted(retained_steps([1, 2, 3, 4, 5], keep=2, scores={2: 0.9, 4: 0.5, 5: 0.7}))
+    [2, 4, 5]
+    >>> sorted(retained_steps([1, 2, 3], keep=1, scores={1: 0.3, 2: 0.1}, mode="min"))
+    [2, 3]
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    ordered = sorted(steps)
+    kept = set(ordered[-keep:]) if keep > 0 else set()
+    scored = [s for s in ordered if s in (scores or {})]
+    if scored:
+        sign = 1.0 if mode == "max" else -1.0
+        kept.add(max(scored, key=lambda s: (sign * scores[s], s)))  # type: ignore[index]
+    return kept
+
+
+def _step_scores(run_dir: Path, metric: str) -> dict[int, float]:
+    """`metric` per step from the run's metrics.jsonl (finite numbers only); {} without a metric."""
+    path = run_dir / "metrics.jsonl"
+    if not metric or not path.is_file():
+        return {}
+    scores: dict[int, float] = {}
+    for row in read_jsonl(path):
+        value = row.get(metric)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            scores[int(row.get("step", 0))] = float(value)
+    return scores
+
+
+def _prune(folder: Path, keep: int, scores: dict[int, float] | None = None, mode: str = "max") -> None:
+    done = {
+        int(p.name.removeprefix(CHECKPOINT_PREFIX)): p
         for p in folder.iterdir()
         if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
-    )
-    for old in done[:-keep]:
-        shutil.rmtree(old)
+    }
+    kept = retained_steps(list(done), keep, scores, mode)
+    for step, path in sorted(done.items()):
+        if step not in kept:
+            shutil.rmtree(path)
 
 
 def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
@@ -223,6 +284,9 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    base = _base_path(model)
+    if base is not None:
+        check_adapter_base(path / "adapter", base)  # logs a warning if the base's weights changed
     adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     try:
         result = set_peft_model_state_dict(model, adapter)

@@ -298,6 +298,8 @@ async def run(
                             config_toml,
                             config.logging.keep_checkpoints,
                             extra,
+                            keep_best_by=config.logging.keep_best_by,
+                            keep_best_mode=config.logging.keep_best_mode,
                         )
                 log.plot()
                 bar.update(1)

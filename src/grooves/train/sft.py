@@ -267,6 +267,8 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
                 policy.generator,
                 config_toml,
                 config.logging.keep_checkpoints,
+                keep_best_by=config.logging.keep_best_by,
+                keep_best_mode=config.logging.keep_best_mode,
             )
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")

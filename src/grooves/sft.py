@@ -15,10 +15,11 @@ text the template writes for assistant message k, up to the end-of-turn token `e
 template adds after `eot` (SmolLM2: a newline), the next user turn and the next assistant header
 are context. This is the sequence the RL sampler records for the same conversation (each turn
 encoded on its own, the end-of-turn token sampled as one id), so an SFT adapter and an RL adapter
-are trained on the same token layout. A template that rewrites earlier turns is refused.
+are trained on the same token layout. A template that rewrites earlier turns is refused, and so
+is an assistant turn that the policy's tool format would not parse back to the calls it holds.
 
-Training reuses the RL path: sequences are packed by `tokenize.pack_batches`, logprobs come from
-`forward.token_logprobs`, checkpoints from `checkpoint.save_checkpoint` (so `grooves export`,
+Training reuses the RL path: sequences are batched by `trainer.micro_batches` (the chats' common
+system prompt and tool list run once per micro-batch), logprobs come from `forward`, checkpoints from `checkpoint.save_checkpoint` (so `grooves export`,
 `grooves serve --adapter`, `grooves adapters list` and the registry treat an SFT run like an RL
 run), and an optional task validates the adapter the same way `grooves train` does.
 """
@@ -38,11 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grooves.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from grooves.config import ConfigError, LoraConfig, ModelConfig, _format, _set_nested
-from grooves.forward import token_logprobs
+from grooves.forward import shared_prefix_logprobs, token_logprobs
 from grooves.lora_addmm import addmm_lora
 from grooves.optim import adamw
+from grooves.policy.control_tokens import ControlTextGuard
+from grooves.policy.tool_format import turn_problem
 from grooves.runlog import RunLog
-from grooves.tokenize import TrainSequence, pack_batches
+from grooves.tokenize import TrainSequence
+from grooves.trainer import micro_batches
 
 
 class _Section(BaseModel):
@@ -57,6 +61,12 @@ class SftOptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(4096, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    share_prefix: bool = True
+    """Run the step's common leading tokens (an environment's system prompt and tool list, the
+    same in every demonstration) once per micro-batch, as RL does for a group's prompt: the same
+    gradient for a fraction of the tokens. Falls back to `packing`."""
+    packing: bool = True
+    """Pack several chats per row (block-diagonal attention) instead of padding to the longest."""
 
 
 class SftValidationConfig(_Section):
@@ -140,42 +150,56 @@ def read_chats(path: str | Path) -> list[dict[str, Any]]:
             raise ChatError(f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
         if not any(m["role"] == "assistant" for m in messages):
             raise ChatError(f"{where}: no assistant message, so nothing to train on")
-        chats.append({"messages": messages, "tools": chat.get("tools")})
+        chats.append({"messages": messages, "tools": chat.get("tools"), "line": lineno})
     if not chats:
         raise ChatError(f"{path}: no chats")
     return chats
 
 
-def _render(tokenizer, tool_format, messages, tools, add_generation_prompt: bool) -> str:
+def _render(tokenizer, tool_format, guard, messages, tools, add_generation_prompt: bool) -> str:
     msgs, native_tools = tool_format.template_messages(messages, tools)
-    return tokenizer.apply_chat_template(msgs, tools=native_tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        guard.mark(msgs), tools=guard.mark(native_tools), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def chat_to_sequence(
-    tokenizer, tool_format, messages: list[dict[str, Any]], tools=None, *, eos_token_ids: set[int], where: str = "chat"
+    tokenizer, tool_format, messages: list[dict[str, Any]], tools=None, *, eos_token_ids: set[int], where: str = "chat",
+    guard: ControlTextGuard | None = None,
 ) -> TrainSequence:
-    """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens."""
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens.
 
+    Rendered and encoded as the sampler renders a prompt (`TransformersPolicy.render`): control-token
+    text inside messages stays text (`guard`, built from `tokenizer` if not given). Each assistant
+    turn must parse back, with the policy's tool format, to the tool calls and content it holds
+    (`tool_format.turn_problem`); a turn that does not is refused with its place in `where`.
+    """
+    guard = guard or ControlTextGuard(tokenizer)
     eos_texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in eos_token_ids}
     ids: list[int] = []
     mask: list[bool] = []
     consumed = ""  # the template text already turned into ids
     prompt_len = None
+    turn = 0
     for k, message in enumerate(messages):
         if message.get("role") != "assistant":
+            if message.get("tool_calls"):
+                raise ChatError(f"{where}, message {k}: a {message.get('role')} message with tool_calls; only assistant turns call tools")
             continue
-        prompt = _render(tokenizer, tool_format, messages[:k], tools, add_generation_prompt=True)
-        upto = _render(tokenizer, tool_format, messages[: k + 1], tools, add_generation_prompt=False)
+        turn += 1
+        prompt = _render(tokenizer, tool_format, guard, messages[:k], tools, add_generation_prompt=True)
+        upto = _render(tokenizer, tool_format, guard, messages[: k + 1], tools, add_generation_prompt=False)
         if not prompt.startswith(consumed) or not upto.startswith(prompt):
             raise ChatError(f"{where}, message {k}: the chat template rewrites earlier turns (not append-only); cannot mask it")
-        found = {i: upto.find(text, len(prompt)) for i, text in eos_texts.items()}
+        found = {i: guard.find_written(upto, text, len(prompt)) for i, text in eos_texts.items()}
         ends = [(at, i) for i, at in found.items() if at >= 0]
         if not ends:
             raise ChatError(f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it")
         end, eos_id = min(ends)
-        context, content = encode(prompt[len(consumed) :]), encode(upto[len(prompt) : end])
+        problem = turn_problem(tool_format, guard.unmark(upto[len(prompt) : end]), message, tools)
+        if problem:
+            raise ChatError(f"{where}: assistant turn {turn} (message {k}): {problem}")
+        context, content = guard.encode(prompt[len(consumed) :]), guard.encode(upto[len(prompt) : end])
         prompt_len = len(ids) + len(context) if prompt_len is None else prompt_len
         ids += context + content + [eos_id]
         mask += [False] * len(context) + [True] * (len(content) + 1)
@@ -188,12 +212,15 @@ def sft_step(policy, optimizer, seqs: list[TrainSequence], config: SftConfig) ->
     """One optimizer step: token-mean NLL of the assistant tokens of `seqs`, micro-batched."""
     model, opt = policy.model, config.optim
     num_tokens = sum(s.num_sampled for s in seqs)
-    batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=policy.tokenizer.pad_token_id or 0)
+    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
     nll_sum = 0.0
     with policy.lock, addmm_lora(model):
         model.train()
-        for batch in batches:
-            lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
+        for batch, prefix_len in batches:
+            if prefix_len:
+                lp, _ = shared_prefix_logprobs(model, batch, prefix_len, 1.0)  # [B, T]
+            else:
+                lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
             mask = batch.sampled_mask.to(lp.device)  # [B, T]
             loss = -(lp * mask).sum() / num_tokens  # this micro-batch's share of the step's token mean
             loss.backward()
@@ -236,9 +263,11 @@ def _policy(config: SftConfig):
 
 def load_sequences(path: str | Path, policy) -> list[TrainSequence]:
     """The chats of a JSONL file as training sequences for `policy`'s tokenizer and chat template."""
+    guard = ControlTextGuard(policy.tokenizer)
     return [
-        chat_to_sequence(policy.tokenizer, policy.tool_format, c["messages"], c["tools"], eos_token_ids=policy.eos_token_ids, where=f"{path} chat {i}")
-        for i, c in enumerate(read_chats(path))
+        chat_to_sequence(policy.tokenizer, policy.tool_format, c["messages"], c["tools"], eos_token_ids=policy.eos_token_ids,
+                         where=f"{path}:{c['line']}", guard=guard)
+        for c in read_chats(path)
     ]  # fmt: skip
 
 

@@ -50,7 +50,7 @@ from grooves.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from grooves.config import RunConfig, check_against_model, dump_config
+from grooves.config import RunConfig, check_against_model, dump_config, resolve_init_adapter
 from grooves.forward import shared_prefix_logprobs, token_logprobs
 from grooves.jsonl import read_jsonl
 from grooves.lora_addmm import addmm_lora
@@ -117,6 +117,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build_policy(config: RunConfig) -> TransformersPolicy:
+    init = resolve_init_adapter(config.model.init_adapter) if config.model.init_adapter else None
     lora = LoraSettings(
         rank=config.lora.rank,
         alpha=config.lora.alpha,
@@ -131,11 +132,12 @@ def build_policy(config: RunConfig) -> TransformersPolicy:
             config.model.base_model, lora=lora, dtype=config.model.dtype, device=config.model.device,
             tool_format=config.model.tool_format, seed=config.seed, served_name=config.name,
             gpu_memory_utilization=v.gpu_memory_utilization, sleep_level=v.sleep_level,
-            max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
+            max_model_len=v.max_model_len, enforce_eager=v.enforce_eager, adapter_path=init,
         )  # fmt: skip
     return TransformersPolicy(
         config.model.base_model,
         lora=lora,
+        adapter_path=init,  # trained further (the policy loads it trainable when `lora` is set)
         dtype=config.model.dtype,
         device=config.model.device,
         tool_format=config.model.tool_format,

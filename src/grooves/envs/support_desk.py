@@ -243,13 +243,15 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
         for kind, blocker in (("refund", refund_blocker(facts)), ("replace", replace_blocker(facts))):
             pools.setdefault((kind, blocker is None), []).append((order_id, cname, email, product, facts, blocker))
     out: list[Scenario] = []
-    for _ in range(count):
+    while len(out) < count:  # distinct requests: none in validation is also a train request
         kind = rng.choices(["refund", "replace", "question"], [2, 2, 1])[0]
         if kind == "question":
             name, stock, warranty, pid = rng.choice(products)
             field, number = rng.choice([("stock", stock), ("warranty_days", warranty)])
             ask = "How many units of the {} do you have in stock right now?" if field == "stock" else \
                 "What is the warranty period, in days, of the {}?"
+            if any(sc["prompt"] == ask.format(name) for sc in out):
+                continue
             out.append({"prompt": ask.format(name), "product": name,
                         "expected": {"kind": kind, "action": "none", "field": field, "number": number,
                                      "product_id": pid}})
@@ -260,6 +262,8 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                if kind == "refund" else
                f"Hi, {cname} here, email {email}. The {product} I ordered arrived broken. "
                "Can you send me a replacement?")
+        if any(sc["prompt"] == ask for sc in out):
+            continue
         out.append({"prompt": ask, "email": email, "product": product, "expected": {
             "kind": kind, "action": kind if blocker is None else "none", "order_id": order_id,
             "customer_id": facts["customer_id"], "amount_cents": facts["total_cents"], "reason": blocker}})
@@ -332,8 +336,12 @@ def gold(sc: Scenario, call: Call) -> str:
     if exp["kind"] == "question":
         found = call("search_products", {"query": sc["product"]})["products"][0]
         p = call("get_product", {"product_id": found["id"]})
-        return f"The {p['name']} has {p[exp['field']]} " + ("units in stock." if exp["field"] == "stock"
-                                                             else "days of warranty.")
+        name, n = p["name"], p[exp["field"]]
+        if exp["field"] == "stock":
+            return call.say(f"The {name} has {n} units in stock.", f"We have {n} units of the {name} in stock right now.",
+                            f"There are {n} units of the {name} in stock.")
+        return call.say(f"The {name} has {n} days of warranty.", f"The warranty period of the {name} is {n} days.",
+                        f"The {name} comes with a {n}-day warranty.")
     customer = call("find_customer", {"email": sc["email"]})
     orders = call("list_orders", {"customer_id": customer["id"]})["orders"]
     order = next(o for o in orders if o["product"] == sc["product"])
@@ -344,12 +352,19 @@ def gold(sc: Scenario, call: Call) -> str:
         why = {"not_delivered": "it has not been delivered", "already_handled": "it was already refunded or replaced",
                "window": "the refund window has expired", "warranty": "it is past its warranty",
                "out_of_stock": "the product is out of stock"}[blocker]
-        return f"I'm sorry, I can't do that for order {oid}: {why}."
+        verb = "refund" if exp["kind"] == "refund" else "replace"
+        return call.say(f"I'm sorry, I can't do that for order {oid}: {why}.",
+                        f"Unfortunately I cannot {verb} order {oid}, because {why}.",
+                        f"I'm unable to {verb} order {oid}: {why}.")
     if exp["kind"] == "refund":
-        done = call("refund_order", {"order_id": oid, "reason": "customer request"})
-        return f"I refunded order {oid}: {done['amount']} is on its way back to you."
-    call("replace_order", {"order_id": oid, "reason": "arrived broken"})
-    return f"A replacement for order {oid} is on its way."
+        done = call("refund_order", {"order_id": oid, "reason": call.say("customer request", "requested by the customer")})
+        amount = done["amount"]
+        return call.say(f"I refunded order {oid}: {amount} is on its way back to you.",
+                        f"Order {oid} is refunded; {amount} will be returned to you.",
+                        f"Done: I have refunded {amount} for order {oid}.")
+    call("replace_order", {"order_id": oid, "reason": call.say("arrived broken", "damaged on arrival")})
+    return call.say(f"A replacement for order {oid} is on its way.", f"I've sent a replacement for order {oid}.",
+                    f"Order {oid} will be replaced; the new item ships today.")
 
 
 def bad(sc: Scenario) -> list[Solver]:

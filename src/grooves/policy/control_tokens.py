@@ -76,6 +76,18 @@ class ControlTextGuard:
                 ids += self._encode_piece(piece, as_text=i % 2 == 1)
         return ids
 
+    def find_written(self, text: str, token: str, start: int = 0) -> int:
+        """Where the template itself wrote control token `token` in rendered `text`, from `start`
+        (-1 if nowhere): occurrences inside marked message text are skipped."""
+        at = text.find(token, start)
+        while at >= 0 and text.startswith(self._open, at - len(self._open)):
+            at = text.find(token, at + 1)
+        return at
+
+    def unmark(self, text: str) -> str:
+        """Rendered `text` as the model reads it: the markers removed, marked strings kept."""
+        return self._marked.sub(lambda m: m.group(1) or "", text)
+
     def _encode_plain(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -153,6 +153,7 @@ class VLLMPolicy:
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         adapter_dir: str | Path | None = None,
+        adapter_path: str | Path | None = None,
     ):
         try:
             from vllm import LLM
@@ -165,7 +166,7 @@ class VLLMPolicy:
             raise ValueError(f"vllm.sleep_level must be 0 (never sleep), 1 or 2, got {sleep_level}")
         self.trainer = TransformersPolicy(
             base_model, lora=lora, dtype=dtype, device=device, tool_format=tool_format,
-            max_context=max_model_len, seed=seed, served_name=served_name,
+            max_context=max_model_len, seed=seed, served_name=served_name, adapter_path=adapter_path,
         )  # fmt: skip
         self.sleep_level = sleep_level
         self.llm = LLM(

@@ -25,8 +25,11 @@ hn-demo: setup
 	$(BIN)/grooves models fetch
 	$(BIN)/python examples/hn_titles/run_demo.py
 
+# pytest also runs the docstring examples (--doctest-modules over src/grooves, pyproject.toml)
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
@@ -62,6 +65,8 @@ gpu-bundle: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

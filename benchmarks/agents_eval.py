@@ -50,9 +50,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", required=True)
     parser.add_argument("--stage", required=True, help="name of the row: base, sft, sft+rl, ...")
-    parser.add_argument("--adapter", default=None, help="adapter, checkpoint or run folder (latest checkpoint)")
+    parser.add_argument(
+        "--adapter", default=None, help="adapter, checkpoint or run folder (latest checkpoint)"
+    )
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--scenarios", type=int, default=20, help="validation scenarios (20 = the whole split)")
+    parser.add_argument(
+        "--scenarios", type=int, default=20, help="validation scenarios (20 = the whole split)"
+    )
     parser.add_argument("--samples", type=int, default=8, help="episodes per scenario")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -66,24 +70,36 @@ def main() -> None:
     import torch
 
     from grooves.config import resolve_init_adapter
+    from grooves.core.gather import gather
+    from grooves.core.handle import ModelHandle
     from grooves.models import resolve_model
-    from grooves.policy.handle import ModelHandle
-    from grooves.policy.transformers_policy import TransformersPolicy
-    from grooves.server import inprocess_client
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import inprocess_client
     from grooves.tasks.environment import EnvironmentTask
-    from grooves.trajectory import gather
 
     if args.threads:
         torch.set_num_threads(args.threads)
     adapter = resolve_init_adapter(args.adapter) if args.adapter else None
-    policy = TransformersPolicy(resolve_model(args.model), adapter_path=adapter, served_name="policy", seed=args.seed)
+    policy = TransformersPolicy(
+        resolve_model(args.model), adapter_path=adapter, served_name="policy", seed=args.seed
+    )
     client = inprocess_client(policy)
     task = EnvironmentTask(args.env, max_turns=args.max_turns)
     handle = ModelHandle(client, "policy", args.temperature, 1.0, args.max_tokens, seed=args.seed)
     scenarios = task.scenarios("validation")[: args.scenarios]
     t0 = time.perf_counter()
-    groups = asyncio.run(gather(task.rollout, handle, scenarios, args.samples, concurrency=64,
-                                max_failure_fraction=1.0, progress=False, seed_key=(0,)))
+    groups = asyncio.run(
+        gather(
+            task.rollout,
+            handle,
+            scenarios,
+            args.samples,
+            concurrency=64,
+            max_failure_fraction=1.0,
+            progress=False,
+            seed_key=(0,),
+        )
+    )
     seconds = time.perf_counter() - t0
     trajs = [t for g in groups for t in g.trajectories]
     ok = [t for t in trajs if t.error is None]
@@ -92,25 +108,45 @@ def main() -> None:
     calls = sum(t.metrics.get("env_tool_calls", 0.0) for t in ok)
     errors = sum(t.metrics.get("env_tool_errors", 0.0) for t in ok)
     row = {
-        "success": wins / max(len(trajs), 1), "reward": statistics.fmean(t.reward for t in ok) if ok else 0.0,
-        "episodes": len(trajs), "ci_low": low, "ci_high": high,
+        "success": wins / max(len(trajs), 1),
+        "reward": statistics.fmean(t.reward for t in ok) if ok else 0.0,
+        "episodes": len(trajs),
+        "ci_low": low,
+        "ci_high": high,
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "failed_episodes": len(trajs) - len(ok), "tool_calls_per_episode": calls / max(len(ok), 1),
+        "failed_episodes": len(trajs) - len(ok),
+        "tool_calls_per_episode": calls / max(len(ok), 1),
         "tool_error_fraction": errors / calls if calls else 0.0,
         "stop_reasons": dict(collections.Counter(t.metadata.get("stop_reason") for t in ok)),
-        "scenarios": len(scenarios), "samples": args.samples, "temperature": args.temperature,
-        "max_tokens": args.max_tokens, "adapter": str(adapter) if adapter else None, "seconds": round(seconds, 1),
+        "scenarios": len(scenarios),
+        "samples": args.samples,
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "adapter": str(adapter) if adapter else None,
+        "seconds": round(seconds, 1),
     }
     per_scenario = [sum(t.reward >= 1.0 for t in g.ok) for g in groups]
-    print(f"{args.env} {args.stage}: success {row['success']:.3f} [{low:.3f}, {high:.3f}] over {len(trajs)} episodes, "
-          f"reward {row['reward']:.3f}, {row['tool_calls_per_episode']:.1f} tool calls/episode "
-          f"({row['tool_error_fraction']:.0%} errors), stops {row['stop_reasons']}, {seconds:.0f} s")
+    print(
+        f"{args.env} {args.stage}: success {row['success']:.3f} [{low:.3f}, {high:.3f}] over {len(trajs)} episodes, "
+        f"reward {row['reward']:.3f}, {row['tool_calls_per_episode']:.1f} tool calls/episode "
+        f"({row['tool_error_fraction']:.0%} errors), stops {row['stop_reasons']}, {seconds:.0f} s"
+    )
     print(f"  successes per scenario (of {args.samples}): {per_scenario}")
     if args.samples_out:
         with open(args.samples_out, "w") as f:
             for t in trajs:
-                f.write(json.dumps({"reward": t.reward, "error": t.error, "metadata": t.metadata,
-                                    "messages": t.messages[2:]}, default=str) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "reward": t.reward,
+                            "error": t.error,
+                            "metadata": t.metadata,
+                            "messages": t.messages[2:],
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
     if args.out:
         path = Path(args.out)
         data = json.loads(path.read_text()) if path.exists() else {}

@@ -22,8 +22,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
+from grooves.policy.transformers import TransformersPolicy
 
 COUNTRIES = ("France", "Japan", "Kenya", "Peru")
 
@@ -42,9 +43,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
 
-    policy = TransformersPolicy(args.model, lora=LoraSettings(rank=8, alpha=16.0))
+    policy = TransformersPolicy(args.model, lora=LoraConfig(rank=8, alpha=16.0))
     prompts = [
-        policy.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is the capital of {c}?"}], None)
+        policy.prompts.render(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"What is the capital of {c}?"},
+            ],
+            None,
+        )
         for c in COUNTRIES
     ]
     params = [SamplingParams(n=8, max_tokens=24, temperature=1.0, seed=100 + i) for i in range(len(prompts))]

@@ -51,9 +51,13 @@ def bench(name: str, resets: int) -> dict[str, float]:
     seed = env.seed_db.connection
     image = env.seed_db.serialize()
     dump = replayable_sql(env)
-    rows = sum(seed.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for (t,) in seed.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%' "
-        "AND name NOT LIKE '%fts_%'"))
+    rows = sum(
+        seed.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+        for (t,) in seed.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%' "
+            "AND name NOT LIKE '%fts_%'"
+        )
+    )
 
     def via_reset() -> None:
         env.reset(scenario).close()
@@ -69,7 +73,8 @@ def bench(name: str, resets: int) -> dict[str, float]:
         conn.close()
 
     return {
-        "kib": len(image) / 1024, "rows": rows,
+        "kib": len(image) / 1024,
+        "rows": rows,
         "reset": per_call_us(via_reset, resets),
         "deserialize": per_call_us(via_deserialize, resets),
         "inserts": per_call_us(via_inserts, resets),
@@ -81,13 +86,27 @@ def main() -> None:
     parser.add_argument("--resets", type=int, default=1000, help="resets timed per method and environment")
     args = parser.parse_args()
     table = Table(title=f"time per reset, mean of {args.resets} (us)")
-    for column in ("environment", "db KiB", "rows", "env.reset (backup)", "deserialize", "replay inserts",
-                   "inserts / backup"):
+    for column in (
+        "environment",
+        "db KiB",
+        "rows",
+        "env.reset (backup)",
+        "deserialize",
+        "replay inserts",
+        "inserts / backup",
+    ):
         table.add_column(column, justify="left" if column == "environment" else "right")
     for name in BUILTINS:
         r = bench(name, args.resets)
-        table.add_row(name, f"{r['kib']:.0f}", str(r["rows"]), f"{r['reset']:.0f}", f"{r['deserialize']:.0f}",
-                      f"{r['inserts']:.0f}", f"{r['inserts'] / r['reset']:.1f}x")
+        table.add_row(
+            name,
+            f"{r['kib']:.0f}",
+            str(r["rows"]),
+            f"{r['reset']:.0f}",
+            f"{r['deserialize']:.0f}",
+            f"{r['inserts']:.0f}",
+            f"{r['inserts'] / r['reset']:.1f}x",
+        )
     Console(width=120).print(table)
 
 

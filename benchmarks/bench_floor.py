@@ -53,9 +53,14 @@ class Dims:
         c = json.loads((Path(model_dir) / "config.json").read_text())
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return cls(
-            c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-            c.get("num_key_value_heads", c["num_attention_heads"]), head_dim, c["vocab_size"],
-        )  # fmt: skip
+            c["num_hidden_layers"],
+            c["hidden_size"],
+            c["intermediate_size"],
+            c["num_attention_heads"],
+            c.get("num_key_value_heads", c["num_attention_heads"]),
+            head_dim,
+            c["vocab_size"],
+        )
 
     def linear_shapes(self) -> list[tuple[int, int]]:
         """(in, out) of each linear layer of one block: q, k, v, o, gate, up, down."""
@@ -89,12 +94,15 @@ def step_flops(dims: Dims, prompt: int, lengths: list[int], lora_rank: int = 8) 
         "decode": decode,
         "decode_steps": float(decode_steps),
         "generation": prefill + decode,
-        "training": 2 * train_forward,  # forward + backward: the backward costs what the forward does (see doc)
+        "training": 2
+        * train_forward,  # forward + backward: the backward costs what the forward does (see doc)
         "train_tokens": float(train_tokens),
     }
 
 
-def matmul_rate(dims: Dims, rows: int, repeats: int = 7, device: str = "cpu", dtype: str = "float32") -> float:
+def matmul_rate(
+    dims: Dims, rows: int, repeats: int = 7, device: str = "cpu", dtype: str = "float32"
+) -> float:
     """FLOP/s of torch.matmul over one forward's weight shapes at batch width `rows` (best of repeats)."""
     gen = torch.Generator().manual_seed(0)
     kind = getattr(torch, dtype)
@@ -117,7 +125,13 @@ def matmul_rate(dims: Dims, rows: int, repeats: int = 7, device: str = "cpu", dt
 
 
 def floor_seconds(
-    dims: Dims, prompt: int, lengths: list[int], lora_rank: int = 8, repeats: int = 7, device: str = "cpu", dtype: str = "float32"
+    dims: Dims,
+    prompt: int,
+    lengths: list[int],
+    lora_rank: int = 8,
+    repeats: int = 7,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, float]:
     """Floor seconds of generation and training, and the two measured rates (FLOP/s)."""
     f = step_flops(dims, prompt, lengths, lora_rank)
@@ -126,9 +140,13 @@ def floor_seconds(
     generation = f["prefill"] / wide_rate + f["decode"] / decode_rate
     training = f["training"] / wide_rate
     return {
-        "generation_s": generation, "training_s": training, "step_s": generation + training,
-        "decode_rate": decode_rate, "wide_rate": wide_rate, **{f"flops_{k}": v for k, v in f.items()},
-    }  # fmt: skip
+        "generation_s": generation,
+        "training_s": training,
+        "step_s": generation + training,
+        "decode_rate": decode_rate,
+        "wide_rate": wide_rate,
+        **{f"flops_{k}": v for k, v in f.items()},
+    }
 
 
 def main() -> None:
@@ -138,7 +156,9 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=32, help="tokens per completion")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lora-rank", type=int, default=8)
-    ap.add_argument("--lengths", default=None, help="comma-separated completion lengths (overrides --completion)")
+    ap.add_argument(
+        "--lengths", default=None, help="comma-separated completion lengths (overrides --completion)"
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -150,13 +170,19 @@ def main() -> None:
 
         args.model = str(ensure_model())
     dims = Dims.from_config(args.model)
-    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [args.completion] * args.group_size
-    out = floor_seconds(dims, args.prompt_tokens, lengths, args.lora_rank, device=args.device, dtype=args.dtype)
+    lengths = (
+        [int(x) for x in args.lengths.split(",")] if args.lengths else [args.completion] * args.group_size
+    )
+    out = floor_seconds(
+        dims, args.prompt_tokens, lengths, args.lora_rank, device=args.device, dtype=args.dtype
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(out))
     print(f"N (matmul weights per token) = {dims.matmul_params / 1e6:.1f}M")
-    print(f"matmul rate: {out['decode_rate'] / 1e9:.1f} GFLOP/s at {len(lengths)} rows, "
-          f"{out['wide_rate'] / 1e9:.1f} GFLOP/s at {int(out['flops_train_tokens'])} rows ({args.threads} threads, {args.device})")
+    print(
+        f"matmul rate: {out['decode_rate'] / 1e9:.1f} GFLOP/s at {len(lengths)} rows, "
+        f"{out['wide_rate'] / 1e9:.1f} GFLOP/s at {int(out['flops_train_tokens'])} rows ({args.threads} threads, {args.device})"
+    )
     print(f"generation: {out['flops_generation'] / 1e9:.1f} GFLOP -> {out['generation_s']:.3f} s")
     print(f"training:   {out['flops_training'] / 1e9:.1f} GFLOP -> {out['training_s']:.3f} s")
     print(f"floor:      {out['step_s']:.3f} s/step")

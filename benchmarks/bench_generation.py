@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import time
@@ -31,9 +32,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers_policy import LoraSettings, TransformersPolicy
-from grooves.server import inprocess_client
+from grooves.policy.transformers import TransformersPolicy
+from grooves.serve.app import inprocess_client
 
 PROMPT = (
     "Write a long, detailed story about a dragon who learns to bake bread in a small village. "
@@ -60,15 +62,17 @@ def bench_sampler(policy, prompt_ids, n, max_tokens, temperature):
 
 
 def bench_sampler_hf_decode(policy, prompt_ids, n, max_tokens, temperature):
-    """The same sampler with every decode step through transformers' forward (`model.fused_decode = false`)."""
+    """The same sampler with every decode step through transformers' forward (the fast paths but the fused decode)."""
     run = bench_sampler(policy, prompt_ids, n, max_tokens, temperature)
+    fast = policy.sampler.fast
 
     def unfused() -> int:
-        policy.fused_decode = False
+        paths = fast.paths
+        fast.paths = dataclasses.replace(paths, fused_decode=False)
         try:
             return run()
         finally:
-            policy.fused_decode = True
+            fast.paths = paths
 
     return unfused
 
@@ -94,8 +98,15 @@ def bench_generate(policy, prompt_ids, n, max_tokens, temperature):
     def run() -> int:
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
-                top_k=0, top_p=1.0, max_new_tokens=max_tokens, num_return_sequences=n, pad_token_id=eos,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_tokens,
+                num_return_sequences=n,
+                pad_token_id=eos,
             )
         new = out[:, ids.shape[1] :]  # [n, <=max_tokens]
         made = 0
@@ -114,21 +125,27 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--lora-rank", type=int, default=0,
-                    help="sample with a LoRA adapter of this rank on all linear layers, folded as in training (0: the base model)")
+    ap.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="sample with a LoRA adapter of this rank on all linear layers, folded as in training (0: the base model)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    lora = LoraSettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
+    lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
     policy = TransformersPolicy(args.model, lora=lora)
-    prompt_ids = policy.render([{"role": "user", "content": PROMPT}], None)
+    prompt_ids = policy.prompts.render([{"role": "user", "content": PROMPT}], None)
     rows = {
         "grooves sample": bench_sampler(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
         "grooves sample, transformers decode": bench_sampler_hf_decode(
             policy, prompt_ids, args.n, args.max_tokens, args.temperature
         ),
         "grooves server (openai client)": bench_server(policy, args.n, args.max_tokens, args.temperature),
-        "transformers generate": bench_generate(policy, prompt_ids, args.n, args.max_tokens, args.temperature),
+        "transformers generate": bench_generate(
+            policy, prompt_ids, args.n, args.max_tokens, args.temperature
+        ),
     }
     load_before = os.getloadavg()[0]
     results = _timed_rounds(rows, args.runs)
@@ -139,13 +156,17 @@ def main() -> None:
     }
     base = medians["transformers generate"][1] / medians["transformers generate"][0]
 
-    table = Table(title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
-                        f"LoRA rank {args.lora_rank or 'none'}, {args.threads} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
-                        f"median of {args.runs}")
+    table = Table(
+        title=f"{args.model}: n={args.n}, max {args.max_tokens} new tokens, prompt {len(prompt_ids)} tokens, "
+        f"LoRA rank {args.lora_rank or 'none'}, {args.threads} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+        f"median of {args.runs}"
+    )
     for col in ("method", "tokens", "median s", "tokens/s", "vs generate", "each run s"):
         table.add_column(col, justify="left" if col in ("method", "each run s") else "right")
     for name, (sec, tok) in medians.items():
-        each = " ".join(f"{s:.2f}" for s, _ in results[name])  # spread shows how much the shared machine interfered
+        each = " ".join(
+            f"{s:.2f}" for s, _ in results[name]
+        )  # spread shows how much the shared machine interfered
         table.add_row(name, str(tok), f"{sec:.2f}", f"{tok / sec:.1f}", f"{tok / sec / base:.2f}x", each)
     Console(width=140).print(table)
     print(f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores)")

@@ -54,35 +54,59 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # ---- the grooves worker (runs in its own process) --------------------------------------------
 def grooves_worker(args) -> None:
     import asyncio
+    import dataclasses
 
     import torch
 
-    from grooves.config import RunConfig
-    from grooves.optim import adamw
-    from grooves.policy.handle import ModelHandle
-    from grooves.server import inprocess_client
-    from grooves.trainer import build_policy, optimize, seed_everything, to_sequences
-    from grooves.trajectory import Trajectory, gather
+    from grooves.config import LoraConfig, RunConfig
+    from grooves.core.gather import gather
+    from grooves.core.handle import ModelHandle
+    from grooves.core.trajectory import Trajectory
+    from grooves.policy.fast import fast_paths
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import inprocess_client
+    from grooves.train.checkpoint import seed_everything
+    from grooves.train.loop import build_policy
+    from grooves.train.optim import adamw
+    from grooves.train.step import optimize, run_loss, to_sequences
 
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate(
         {
-            "model": {"base_model": args.model, "backend": args.backend, "device": args.device, "dtype": args.dtype,
-                      "reuse_freed_memory": not args.glibc_malloc},
+            "model": {
+                "base_model": args.model,
+                "backend": args.backend,
+                "device": args.device,
+                "dtype": args.dtype,
+                "fast": args.fast,
+            },
             "vllm": {"gpu_memory_utilization": 0.3},
             "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
-            "rollout": {"group_size": args.group_size, "groups_per_step": 1, "max_tokens": args.max_tokens,
-                        "temperature": 1.0, "top_p": 1.0},
+            "rollout": {
+                "group_size": args.group_size,
+                "groups_per_step": 1,
+                "max_tokens": args.max_tokens,
+                "temperature": 1.0,
+                "top_p": 1.0,
+            },
             "optim": {"lr": 5e-5},
         }
-    )  # fmt: skip
+    )
     seed_everything(0)
     scenarios = load_scenarios(args.scenarios)
-    policy = build_policy(config)
+    if args.glibc_malloc:  # every speed path of --fast but the allocator's
+        paths = dataclasses.replace(fast_paths(args.fast), reuse_freed_memory=False)
+        lora = LoraConfig(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
+        policy = TransformersPolicy(args.model, lora=lora, dtype=args.dtype, device=args.device, fast=paths)
+    else:
+        policy = build_policy(config)
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = adamw(params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay)
+    optimizer = adamw(
+        params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
+    )
+    loss = run_loss(config)
 
     async def rollout(model, scenario) -> Trajectory:
         traj = Trajectory(messages=messages(scenario["country"]))
@@ -98,21 +122,28 @@ def grooves_worker(args) -> None:
             faults = minor_faults()
             t0 = time.perf_counter()
             scenario = scenarios[step % len(scenarios)]
-            groups = await gather(rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,))
+            groups = await gather(
+                rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,)
+            )
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
-            optimize(policy, optimizer, seqs, config)
-            policy.bump_version()
+            optimize(policy, optimizer, seqs, loss, config.optim)
+            policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]
             emit(
                 {
-                    "generation_s": t1 - t0, "training_s": t2 - t1, "step_s": t2 - t0,
-                    "completion_tokens": sum(len(t.token_ids) for t in turns), "trained_sequences": len(seqs),
-                    "prompt_tokens": len(turns[0].prompt_token_ids), "lengths": [len(t.token_ids) for t in turns],
-                    "minor_faults": minor_faults() - faults, "peak_rss_mib": peak_rss_mib(),
+                    "generation_s": t1 - t0,
+                    "training_s": t2 - t1,
+                    "step_s": t2 - t0,
+                    "completion_tokens": sum(len(t.token_ids) for t in turns),
+                    "trained_sequences": len(seqs),
+                    "prompt_tokens": len(turns[0].prompt_token_ids),
+                    "lengths": [len(t.token_ids) for t in turns],
+                    "minor_faults": minor_faults() - faults,
+                    "peak_rss_mib": peak_rss_mib(),
                 }
-            )  # fmt: skip
+            )
             step += 1
         await client.close()
 
@@ -128,7 +159,9 @@ class Worker:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True
+        )
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
@@ -155,7 +188,10 @@ class Worker:
 
 
 def _summary(records: list[dict], done: dict) -> dict:
-    med = {k: statistics.median(r[k] for r in records) for k in ("step_s", "generation_s", "training_s", "completion_tokens")}
+    med = {
+        k: statistics.median(r[k] for r in records)
+        for k in ("step_s", "generation_s", "training_s", "completion_tokens")
+    }
     med["tokens_per_s"] = statistics.median(r["completion_tokens"] / r["step_s"] for r in records)
     med["minor_faults"] = statistics.median(r["minor_faults"] for r in records)
     med["peak_rss_mib"] = done["peak_rss_mib"]
@@ -168,8 +204,10 @@ def _gpu_mib(root_pid: int) -> float:
     """GPU memory (nvidia-smi) held by a worker and its children (vLLM runs its engine in a child)."""
     out = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=False,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     total = 0.0
     for line in out.strip().splitlines():
         pid, mib = (int(x) for x in line.split(","))
@@ -199,11 +237,28 @@ def _floor(args, records: list[dict], env: dict[str, str], work: Path) -> dict:
     lengths = [longest] + [max(1, (total - longest) // (width - 1))] * (width - 1)
     out = work / "floor.json"
     subprocess.run(
-        [sys.executable, str(HERE / "bench_floor.py"), "--model", args.model, "--prompt-tokens", str(prompt),
-         "--lengths", ",".join(map(str, lengths)), "--threads", str(args.threads), "--device", args.device,
-         "--dtype", args.dtype, "--json", str(out)],
-        env=env, check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(HERE / "bench_floor.py"),
+            "--model",
+            args.model,
+            "--prompt-tokens",
+            str(prompt),
+            "--lengths",
+            ",".join(map(str, lengths)),
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+            "--json",
+            str(out),
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads(out.read_text())
 
 
@@ -212,32 +267,60 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
     from rich.table import Table
 
     where = f"{args.threads} threads" if args.device == "cpu" else args.device
-    title = (f"one GRPO step, {Path(args.model).name} {args.dtype} {args.device} ({args.backend}), LoRA r8 all linear, "
-             f"G={args.group_size}, max {args.max_tokens} tokens, {where}, median of {args.steps} after {args.warmup} warm-up")  # fmt: skip
+    title = (
+        f"one GRPO step, {Path(args.model).name} {args.dtype} {args.device} ({args.backend}), LoRA r8 all linear, "
+        f"G={args.group_size}, max {args.max_tokens} tokens, {where}, median of {args.steps} after {args.warmup} warm-up"
+    )
     table = Table(title=title)
     gpu = args.device != "cpu"
-    columns = ["framework", "s/step", "generation s", "training s", "tokens/step", "tokens/s", "faults/step", "peak RSS MiB"]
+    columns = [
+        "framework",
+        "s/step",
+        "generation s",
+        "training s",
+        "tokens/step",
+        "tokens/s",
+        "faults/step",
+        "peak RSS MiB",
+    ]
     for col in columns + (["peak GPU MiB"] if gpu else []):
         table.add_column(col, justify="left" if col == "framework" else "right")
     for name, r in results.items():
-        cells = [name, f"{r['step_s']:.2f}", f"{r['generation_s']:.2f}", f"{r['training_s']:.2f}",
-                 f"{r['completion_tokens']:.0f}", f"{r['tokens_per_s']:.1f}", f"{r['minor_faults']:.0f}", f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
+        cells = [
+            name,
+            f"{r['step_s']:.2f}",
+            f"{r['generation_s']:.2f}",
+            f"{r['training_s']:.2f}",
+            f"{r['completion_tokens']:.0f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['minor_faults']:.0f}",
+            f"{r['peak_rss_mib']:.0f}",
+        ]
         table.add_row(*cells, *([f"{r.get('peak_gpu_mib', 0):.0f}"] if gpu else []))
     if floor is not None:
-        cells = ["floor (FLOPs / matmul rate)", f"{floor['step_s']:.2f}", f"{floor['generation_s']:.2f}", f"{floor['training_s']:.2f}"]
+        cells = [
+            "floor (FLOPs / matmul rate)",
+            f"{floor['step_s']:.2f}",
+            f"{floor['generation_s']:.2f}",
+            f"{floor['training_s']:.2f}",
+        ]
         table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
     console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
     if "trl" in results:
         t = results["trl"]
-        console.print(f"grooves vs TRL: {t['step_s'] / g['step_s']:.2f}x steps/s, "
-                      f"{g['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
-                      f"generation {t['generation_s'] / g['generation_s']:.2f}x, training {t['training_s'] / g['training_s']:.2f}x")  # fmt: skip
+        console.print(
+            f"grooves vs TRL: {t['step_s'] / g['step_s']:.2f}x steps/s, "
+            f"{g['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
+            f"generation {t['generation_s'] / g['generation_s']:.2f}x, training {t['training_s'] / g['training_s']:.2f}x"
+        )
     if floor is not None:
-        console.print(f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
-                      f"training {g['training_s'] / floor['training_s']:.2f}x); matmul rate {floor['decode_rate'] / 1e9:.1f} GFLOP/s "
-                      f"at {args.group_size} rows, {floor['wide_rate'] / 1e9:.1f} GFLOP/s at {int(floor['flops_train_tokens'])} rows")  # fmt: skip
+        console.print(
+            f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
+            f"training {g['training_s'] / floor['training_s']:.2f}x); matmul rate {floor['decode_rate'] / 1e9:.1f} GFLOP/s "
+            f"at {args.group_size} rows, {floor['wide_rate'] / 1e9:.1f} GFLOP/s at {int(floor['flops_train_tokens'])} rows"
+        )
 
 
 def main() -> None:
@@ -253,10 +336,28 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model directory (default: the embedded SmolLM2-135M)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (benchmarks/gpu.sh)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--backend", default="transformers", choices=["transformers", "vllm"], help="grooves' sampler")
-    ap.add_argument("--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate")
-    ap.add_argument("--glibc-malloc", action="store_true", help="grooves keeps glibc's malloc defaults (model.reuse_freed_memory = false)")
-    ap.add_argument("--trl-malloc-env", action="store_true", help="TRL gets the malloc settings grooves makes itself, as environment variables")
+    ap.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"], help="grooves' sampler"
+    )
+    ap.add_argument(
+        "--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate"
+    )
+    ap.add_argument(
+        "--fast",
+        default="on",
+        choices=["on", "timed", "off"],
+        help="grooves' model.fast (the run file's default: on)",
+    )
+    ap.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="grooves keeps glibc's malloc defaults (every other path of --fast stays)",
+    )
+    ap.add_argument(
+        "--trl-malloc-env",
+        action="store_true",
+        help="TRL gets the malloc settings grooves makes itself, as environment variables",
+    )
     ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -264,26 +365,56 @@ def main() -> None:
         return grooves_worker(args)
 
     from grooves.models import ensure_model
-    from grooves.policy import allocator
+    from grooves.policy.fast import allocator
     from grooves.tasks.capitals import CapitalsTask
 
     args.model = args.model or str(ensure_model())
     work = Path(tempfile.mkdtemp(prefix="bench-grpo-step-"))
     scenario_file = work / "scenarios.json"
     scenario_file.write_text(json.dumps(CapitalsTask().scenarios("train")))
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-    common = ["--model", args.model, "--scenarios", str(scenario_file), "--group-size", str(args.group_size),
-              "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--device", args.device,
-              "--dtype", args.dtype]  # fmt: skip
-    own = ["--glibc-malloc"] if args.glibc_malloc else []
-    workers = [Worker("grooves", [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common, *own], env, work)]
+    env = {
+        **os.environ,
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "OMP_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    common = [
+        "--model",
+        args.model,
+        "--scenarios",
+        str(scenario_file),
+        "--group-size",
+        str(args.group_size),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
+    common_grooves = ["--fast", args.fast]
+    own = [*common_grooves, *(["--glibc-malloc"] if args.glibc_malloc else [])]
+    workers = [
+        Worker(
+            "grooves",
+            [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common, *own],
+            env,
+            work,
+        )
+    ]
     if not args.skip_trl:
         if not Path(args.trl_python).exists():
-            raise SystemExit(f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first")
+            raise SystemExit(
+                f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first"
+            )
         total = args.warmup + args.steps
         trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
         trl_env = {**env, **allocator.ENVIRONMENT} if args.trl_malloc_env else env
-        workers.append(Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work))
+        workers.append(
+            Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work)
+        )
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):
         order = workers if step % 2 == 0 else workers[::-1]
@@ -293,14 +424,20 @@ def main() -> None:
                 r["gpu_mib"] = _gpu_mib(w.proc.pid)
             if step >= args.warmup:
                 records[w.name].append(r)
-            print(f"step {step + 1} {w.name}: {r['step_s']:.2f} s (generation {r['generation_s']:.2f}, "
-                  f"training {r['training_s']:.2f}, {r['completion_tokens']:.0f} tokens)", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"step {step + 1} {w.name}: {r['step_s']:.2f} s (generation {r['generation_s']:.2f}, "
+                f"training {r['training_s']:.2f}, {r['completion_tokens']:.0f} tokens)",
+                file=sys.stderr,
+                flush=True,
+            )
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
     floor = _floor(args, records["grooves"], env, work)
     _table(results, floor, args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"steps": records, "summary": results, "floor": floor}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"steps": records, "summary": results, "floor": floor}, indent=1)
+        )
 
 
 if __name__ == "__main__":

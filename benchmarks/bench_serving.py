@@ -1,6 +1,6 @@
 """Serving latency and throughput: base vs LoRA adapter vs merged, at several concurrencies.
 
-Everything goes through the real path a user hits: `grooves.server` apps under uvicorn on local
+Everything goes through the real path a user hits: `grooves.serve` apps under uvicorn on local
 ports, called with the official `openai` client. Three ways to serve the same SmolLM2-135M:
 
 - base:    the plain model (`model="base"`);
@@ -46,7 +46,9 @@ def random_adapter(base: Path, out: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=8, lora_alpha=16, target_modules=targets)
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -55,7 +57,9 @@ def random_adapter(base: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
-async def measure(base_url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, float]:
+async def measure(
+    base_url: str, model: str, concurrency: int, requests: int, max_tokens: int
+) -> dict[str, float]:
     from openai import AsyncOpenAI
 
     from grooves.tasks.capitals import CAPITALS
@@ -72,9 +76,13 @@ async def measure(base_url: str, model: str, concurrency: int, requests: int, ma
             i = queue.pop()
             t0 = time.perf_counter()
             resp = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": f"What is the capital of {countries[i % len(countries)]}?"}],
-                max_tokens=max_tokens, temperature=0,
-            )  # fmt: skip
+                model=model,
+                messages=[
+                    {"role": "user", "content": f"What is the capital of {countries[i % len(countries)]}?"}
+                ],
+                max_tokens=max_tokens,
+                temperature=0,
+            )
             latencies.append(time.perf_counter() - t0)
             tokens += resp.usage.completion_tokens
 
@@ -93,8 +101,12 @@ async def measure(base_url: str, model: str, concurrency: int, requests: int, ma
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--adapter", default=None, help="adapter, checkpoint or run folder (default: a random rank-8 LoRA)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--adapter", default=None, help="adapter, checkpoint or run folder (default: a random rank-8 LoRA)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -102,11 +114,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from grooves.adapters.export import export_adapter
-    from grooves.adapters.live import AdapterTable
     from grooves.adapters.registry import resolve_adapter
     from grooves.models import ensure_model
-    from grooves.policy.transformers_policy import TransformersPolicy
-    from grooves.server import create_app
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import create_app
+    from grooves.serve.routing import AdapterTable
 
     torch.set_num_threads(args.threads)
     base = ensure_model()
@@ -118,18 +130,33 @@ def main() -> None:
     table.add("adapter", adapter)
     merged_policy = TransformersPolicy(str(merged), served_name="merged")
     rows = []
-    with http_server(create_app(policy, adapters=table)) as url, http_server(create_app(merged_policy)) as merged_url:
+    with (
+        http_server(create_app(policy, adapters=table)) as url,
+        http_server(create_app(merged_policy)) as merged_url,
+    ):
         for variant, base_url in (("base", url), ("adapter", url), ("merged", merged_url)):
             asyncio.run(measure(base_url, variant, 2, 2, args.max_tokens))  # warm-up
             for c in args.concurrency:
-                rows.append((variant, c, asyncio.run(measure(base_url, variant, c, max(args.requests, c), args.max_tokens))))
+                rows.append(
+                    (
+                        variant,
+                        c,
+                        asyncio.run(measure(base_url, variant, c, max(args.requests, c), args.max_tokens)),
+                    )
+                )
                 print(f"done: {variant} x{c}", flush=True)
-    print(f"\nSmolLM2-135M, CPU, {args.threads} torch threads, greedy, max_tokens={args.max_tokens}, "
-          f"{args.requests} requests per row, adapter: {args.adapter or 'random rank-8 LoRA, all projections'}\n")  # fmt: skip
-    print("| serving | concurrent | p50 latency (s) | p90 latency (s) | requests/s | tokens/s | tokens/request |")
+    print(
+        f"\nSmolLM2-135M, CPU, {args.threads} torch threads, greedy, max_tokens={args.max_tokens}, "
+        f"{args.requests} requests per row, adapter: {args.adapter or 'random rank-8 LoRA, all projections'}\n"
+    )
+    print(
+        "| serving | concurrent | p50 latency (s) | p90 latency (s) | requests/s | tokens/s | tokens/request |"
+    )
     print("|---|---|---|---|---|---|---|")
     for variant, c, m in rows:
-        print(f"| {variant} | {c} | {m['p50_s']:.2f} | {m['p90_s']:.2f} | {m['req_per_s']:.2f} | {m['tok_per_s']:.1f} | {m['tokens_per_req']:.1f} |")
+        print(
+            f"| {variant} | {c} | {m['p50_s']:.2f} | {m['p90_s']:.2f} | {m['req_per_s']:.2f} | {m['tok_per_s']:.1f} | {m['tokens_per_req']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

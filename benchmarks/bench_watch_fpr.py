@@ -19,8 +19,9 @@ import statistics
 import time
 from collections import Counter
 
+from synthetic_runs import EXPECTED_DETECTOR, HACKS, RunShape, synthetic_run
+
 from grooves.watch import Watch, WatchConfig
-from grooves.watch.synthetic import EXPECTED_DETECTOR, HACKS, RunShape, synthetic_run
 
 DETECTORS = ["reward_jump", "collapse", "input_independence", "length_drift", "check_divergence"]
 
@@ -53,13 +54,19 @@ def healthy_table(runs: int, steps: int, config: WatchConfig) -> None:
 
 def hacked_table(runs: int, steps: int, hack_step: int, config: WatchConfig) -> None:
     print(f"\nHacked runs: {runs} runs per hack, {steps} steps, hack from step {hack_step}")
-    print(f"{'hack':<14}{'expected detector':<22}{'detected':>10}{'median delay':>14}{'max delay':>11}{'early':>7}")
+    print(
+        f"{'hack':<14}{'expected detector':<22}{'detected':>10}{'median delay':>14}{'max delay':>11}{'early':>7}"
+    )
     for hack in HACKS:
         delays, early = [], 0
         for seed in range(runs):
             shape = RunShape(steps=steps, hack=hack, hack_step=hack_step)
             watch = watch_run(10_000 + seed, shape, config)
-            hits = [f.step for f in watch.findings if f.detector == EXPECTED_DETECTOR[hack] and f.step >= hack_step]
+            hits = [
+                f.step
+                for f in watch.findings
+                if f.detector == EXPECTED_DETECTOR[hack] and f.step >= hack_step
+            ]
             early += any(f.step < hack_step and f.severity != "info" for f in watch.findings)
             if hits:
                 delays.append(hits[0] - hack_step)
@@ -71,7 +78,9 @@ def hacked_table(runs: int, steps: int, hack_step: int, config: WatchConfig) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--healthy", type=int, default=200, help="healthy runs")
     parser.add_argument("--hacked", type=int, default=40, help="runs per hack")
     parser.add_argument("--steps", type=int, default=100)

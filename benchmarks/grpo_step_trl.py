@@ -101,25 +101,58 @@ def main() -> None:
     torch.manual_seed(0)
 
     scenarios = load_scenarios(args.scenarios)
-    dataset = Dataset.from_list([{"prompt": messages(s["country"]), "capital": s["capital"]} for s in scenarios])
+    dataset = Dataset.from_list(
+        [{"prompt": messages(s["country"]), "capital": s["capital"]} for s in scenarios]
+    )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+    )
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-trl-"), use_cpu=args.device == "cpu", bf16=args.dtype == "bfloat16",
+        output_dir=tempfile.mkdtemp(prefix="grpo-trl-"),
+        use_cpu=args.device == "cpu",
+        bf16=args.dtype == "bfloat16",
         gradient_checkpointing=False,
-        num_generations=args.group_size, per_device_train_batch_size=args.group_size,
-        max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        use_vllm=args.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-        learning_rate=5e-5, lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
-        shuffle_dataset=False, max_steps=args.steps, logging_steps=1, report_to=[], save_strategy="no",
-        disable_tqdm=True, seed=0, dataloader_num_workers=0,
-    )  # fmt: skip
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        num_generations=args.group_size,
+        per_device_train_batch_size=args.group_size,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        use_vllm=args.use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,
+        learning_rate=5e-5,
+        lr_scheduler_type="constant",
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        shuffle_dataset=False,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+    )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=capital_reward, args=config, train_dataset=dataset,
-        processing_class=tokenizer, peft_config=lora, callbacks=[LockstepTimer()],
-    )  # fmt: skip
+        model=model,
+        reward_funcs=capital_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=[LockstepTimer()],
+    )
     trainer.train()
     emit({"done": True, "peak_rss_mib": peak_rss_mib()})
 

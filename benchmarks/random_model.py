@@ -22,16 +22,38 @@ SHAPES: dict[str, dict | None] = {
     "smollm2-135m": None,
     # Qwen2.5-1.5B-Instruct's published architecture; the vocabulary is the tokenizer's
     "qwen2.5-1.5b": {
-        "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-        "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": True,
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
     },
-}  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
-def build(shape: str, tokenizer_dir: str | Path, out: str | Path, *, dtype: str = "bfloat16", device: str = "cpu",
-          num_layers: int | None = None, seed: int = 0) -> Path:  # fmt: skip
+def build(
+    shape: str,
+    tokenizer_dir: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    num_layers: int | None = None,
+    seed: int = 0,
+) -> Path:
     """Write a randomly initialized `shape` model with the tokenizer of `tokenizer_dir` to `out`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -40,10 +62,16 @@ def build(shape: str, tokenizer_dir: str | Path, out: str | Path, *, dtype: str 
         raise SystemExit(f"--shape {shape!r} is not one of {sorted(SHAPES)}")
     tokenizer_dir, out = Path(tokenizer_dir), Path(out)
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise SystemExit(f"{tokenizer_dir}: no tokenizer.json; run benchmarks/gpu_bundle.sh first (it writes .gpu/tokenizer)")
+        raise SystemExit(
+            f"{tokenizer_dir}: no tokenizer.json; run benchmarks/gpu_bundle.sh first (it writes .gpu/tokenizer)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    overrides = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-                 "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    overrides = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if num_layers is not None:
         overrides["num_hidden_layers"] = num_layers
     if SHAPES[shape] is None:
@@ -60,7 +88,9 @@ def build(shape: str, tokenizer_dir: str | Path, out: str | Path, *, dtype: str 
         if (tokenizer_dir / name).is_file() and name != "generation_config.json":
             shutil.copy(tokenizer_dir / name, out / name)
     params = sum(p.numel() for p in model.parameters())
-    (out / "random_weights.json").write_text(json.dumps({"shape": shape, "parameters": params, "seed": seed}) + "\n")
+    (out / "random_weights.json").write_text(
+        json.dumps({"shape": shape, "parameters": params, "seed": seed}) + "\n"
+    )
     return out
 
 
@@ -73,7 +103,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where to initialize (cuda is faster for the 1.5B shape)")
     ap.add_argument("--num-layers", type=int, default=None, help="fewer layers than the shape has (tests)")
     args = ap.parse_args()
-    out = build(args.shape, args.tokenizer, args.out, dtype=args.dtype, device=args.device, num_layers=args.num_layers)
+    out = build(
+        args.shape, args.tokenizer, args.out, dtype=args.dtype, device=args.device, num_layers=args.num_layers
+    )
     print(out)
 
 

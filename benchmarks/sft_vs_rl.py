@@ -31,25 +31,31 @@ def write_gold(out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for s in CapitalsTask().scenarios("train"):
-        rows.append({"messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"What is the capital of {s['country']}?"},
-            {"role": "assistant", "content": f"The capital is {s['capital']}."},
-        ]})  # fmt: skip
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": f"What is the capital of {s['country']}?"},
+                    {"role": "assistant", "content": f"The capital is {s['capital']}."},
+                ]
+            }
+        )
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
 
 
 async def _score(policy, split: str, temperature: float, samples: int, seed: int) -> dict[str, float]:
-    from grooves.policy.handle import ModelHandle
-    from grooves.server import inprocess_client
+    from grooves.core.gather import gather
+    from grooves.core.handle import ModelHandle
+    from grooves.serve.app import inprocess_client
     from grooves.tasks.capitals import CapitalsTask
-    from grooves.trajectory import gather
 
     task = CapitalsTask()
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, temperature, 1.0, 24, seed=seed)
-    groups = await gather(task.rollout, handle, task.scenarios(split), samples, concurrency=64, progress=False, seed_key=(0,))
+    groups = await gather(
+        task.rollout, handle, task.scenarios(split), samples, concurrency=64, progress=False, seed_key=(0,)
+    )
     await client.close()
     trajs = [t for g in groups for t in g.ok]
     return {
@@ -60,7 +66,7 @@ async def _score(policy, split: str, temperature: float, samples: int, seed: int
 
 
 def evaluate(adapters: dict[str, Path | None], seed: int) -> list[dict]:
-    from grooves.policy.transformers_policy import TransformersPolicy
+    from grooves.policy.transformers import TransformersPolicy
 
     rows = []
     for label, adapter in adapters.items():
@@ -68,7 +74,15 @@ def evaluate(adapters: dict[str, Path | None], seed: int) -> list[dict]:
         greedy = asyncio.run(_score(policy, "validation", 0.0, 1, seed))
         sampled = asyncio.run(_score(policy, "validation", 0.7, 4, seed))
         train = asyncio.run(_score(policy, "train", 0.0, 1, seed))
-        rows.append({"model": label, "adapter": str(adapter) if adapter else "-", "greedy": greedy, "sampled": sampled, "train": train})
+        rows.append(
+            {
+                "model": label,
+                "adapter": str(adapter) if adapter else "-",
+                "greedy": greedy,
+                "sampled": sampled,
+                "train": train,
+            }
+        )
     return rows
 
 
@@ -79,12 +93,16 @@ def _final_adapter(run_dir: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="stage", required=True)
     data = sub.add_parser("data", help="write the gold SFT chats")
     data.add_argument("--out", type=Path, default=Path("runs/capitals-gold.jsonl"))
     ev = sub.add_parser("eval", help="score base, SFT and RL adapters; print drift")
-    ev.add_argument("--sft", type=Path, nargs="+", required=True, help="SFT run folder(s) (or adapter folders)")
+    ev.add_argument(
+        "--sft", type=Path, nargs="+", required=True, help="SFT run folder(s) (or adapter folders)"
+    )
     ev.add_argument("--rl", type=Path, required=True, help="RL run folder (or adapter folder)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--threads", type=int, default=2)
@@ -99,11 +117,15 @@ def main() -> None:
     rl = _final_adapter(args.rl)
     sfts = {f"SFT {p.name}": _final_adapter(p) for p in args.sft}
     rows = evaluate({"base": None, **sfts, "RL": rl}, args.seed)
-    print("| model | held-out success (greedy) | held-out success (T=0.7, 4 samples) | held-out reward (greedy) | mean words (greedy) | train success (greedy) |")
+    print(
+        "| model | held-out success (greedy) | held-out success (T=0.7, 4 samples) | held-out reward (greedy) | mean words (greedy) | train success (greedy) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
         g, s, t = r["greedy"], r["sampled"], r["train"]
-        print(f"| {r['model']} | {g['success']:.3f} | {s['success']:.3f} | {g['reward']:.3f} | {g['words']:.1f} | {t['success']:.3f} |")
+        print(
+            f"| {r['model']} | {g['success']:.3f} | {s['success']:.3f} | {g['reward']:.3f} | {g['words']:.1f} | {t['success']:.3f} |"
+        )
     for label, sft in sfts.items():
         print(f"\nA = {label} ({sft}), B = RL ({rl})\n")
         print("| weights | rel A = ‖ΔW_A‖/‖W‖ | rel B = ‖ΔW_RL‖/‖W‖ | A / B | cos(ΔW_A, ΔW_RL) |")

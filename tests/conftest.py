@@ -1,11 +1,22 @@
-"""Shared fixtures: a tiny random model directory, built once per test session."""
+"""Shared fixtures: a tiny random model directory, built once per test session.
+
+Tests import helpers from three places besides grooves: this folder (`tiny_models`,
+`scripted_judge`), `benchmarks/` (`synthetic_runs`, `random_model`: fixtures the benchmarks
+measure with) and `examples/` (the `hn_titles` task).
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from grooves.testing import build_tiny_model_dir
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "examples")]
+
+from tiny_models import build_tiny_model_dir  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -25,7 +25,7 @@ from grooves.models import (
     resolve_model,
     verify_model,
 )
-from grooves.testing import build_tiny_model_dir
+from tiny_models import build_tiny_model_dir
 
 MEMBER = "tiny_pkg/Tiny.F32.gguf"
 
@@ -66,13 +66,23 @@ def write_llama_gguf(model_dir: Path, path: Path) -> None:
     w.add_chat_template(tok.chat_template)
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    names = {"attn_norm": "input_layernorm", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+    names = {
+        "attn_norm": "input_layernorm",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        w.add_tensor(
+            f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads)
+        )
+        w.add_tensor(
+            f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads)
+        )
         for g, hf in names.items():
             w.add_tensor(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])  # lm_head is tied to token_embd
@@ -99,8 +109,12 @@ def paris_model_dir(tmp_path_factory):
     path = build_tiny_model_dir(tmp_path_factory.mktemp("paris"))
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    prompt = tok.apply_chat_template(VERIFY_QUESTION, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-    ids = torch.tensor([prompt + tok(ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])  # [1, P+T]
+    prompt = tok.apply_chat_template(
+        VERIFY_QUESTION, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    ids = torch.tensor(
+        [prompt + tok(ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    )  # [1, P+T]
     labels = ids.clone()
     labels[0, : len(prompt)] = -100
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -109,7 +123,10 @@ def paris_model_dir(tmp_path_factory):
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        if bool((out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]).all()) and out.loss.item() < 0.05:
+        if (
+            bool((out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]).all())
+            and out.loss.item() < 0.05
+        ):
             break
     model.save_pretrained(path)
     return path
@@ -125,8 +142,12 @@ def tiny_gguf(paris_model_dir, tmp_path_factory):
 @pytest.fixture
 def tiny_alias(monkeypatch, tiny_gguf):
     """A built-in entry for the tiny GGUF, pinned to its real sha256."""
-    spec = {"dir_name": "Tiny", "wheel": "tiny-pkg==0.1", "gguf_member": MEMBER,
-            "gguf_sha256": hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()}
+    spec = {
+        "dir_name": "Tiny",
+        "wheel": "tiny-pkg==0.1",
+        "gguf_member": MEMBER,
+        "gguf_sha256": hashlib.sha256(tiny_gguf.read_bytes()).hexdigest(),
+    }
     monkeypatch.setitem(ALIASES, "tiny", spec)
     return spec
 
@@ -161,7 +182,10 @@ def test_convert_gguf_gives_back_the_same_model(paris_model_dir, tiny_gguf, tmp_
     converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).state_dict()
     assert set(converted) == set(original)
     assert max((converted[k] - original[k]).abs().max().item() for k in original) == 0.0
-    tok, tok2 = AutoTokenizer.from_pretrained(paris_model_dir), AutoTokenizer.from_pretrained(tmp_path / "out")
+    tok, tok2 = (
+        AutoTokenizer.from_pretrained(paris_model_dir),
+        AutoTokenizer.from_pretrained(tmp_path / "out"),
+    )
     text = '<|im_start|>user\n<tool_call>{"name": "x"}</tool_call> hello<|im_end|>'
     assert tok2(text)["input_ids"] == tok(text)["input_ids"]
     assert tok2.chat_template == tok.chat_template
@@ -174,7 +198,10 @@ def test_fetch_from_a_wheel_converts_verifies_and_caches(tiny_alias, tiny_gguf, 
     assert target == tmp_path / "home" / "models" / "Tiny"
     manifest = json.loads((target / "manifest.json").read_text())
     assert manifest["gguf_sha256"] == tiny_alias["gguf_sha256"]
-    assert manifest["files"]["model.safetensors"] == hashlib.sha256((target / "model.safetensors").read_bytes()).hexdigest()
+    assert (
+        manifest["files"]["model.safetensors"]
+        == hashlib.sha256((target / "model.safetensors").read_bytes()).hexdigest()
+    )
     assert not (target.parent / "Tiny.partial").exists()
     assert ensure_model("tiny", home=tmp_path / "home") == target  # cached: no wheel needed the second time
     assert verify_model(target) == ANSWER

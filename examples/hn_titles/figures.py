@@ -28,7 +28,9 @@ COLOURS = ["#c0392b", "#1f77b4", "#2ca02c", "#9467bd"]
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    points = [(r["step"], r[key]) for r in rows if r.get("step", 0) >= 1 and isinstance(r.get(key), int | float)]
+    points = [
+        (r["step"], r[key]) for r in rows if r.get("step", 0) >= 1 and isinstance(r.get(key), int | float)
+    ]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -36,11 +38,15 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     """Plot the runs in `run_dirs` into one PNG at `out` (about 60 KB)."""
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.2), sharex=True)
     for colour, run_dir in zip(COLOURS, run_dirs, strict=False):
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+        ]
         findings_file = run_dir / "findings.jsonl"
         findings = read_findings(findings_file) if findings_file.exists() else []
         collapse = [f for f in findings if f.detector == "collapse"]
-        label = run_dir.name + (f" (collapse found at step {collapse[0].step})" if collapse else " (no collapse found)")
+        label = run_dir.name + (
+            f" (collapse found at step {collapse[0].step})" if collapse else " (no collapse found)"
+        )
         for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
             x, y = _series(rows, key)
             ax.plot(x, y, color=colour, lw=1.8, label=label)

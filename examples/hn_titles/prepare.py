@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from grooves.tasks.hn_titles import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the hn_titles package
+
+from hn_titles import (  # noqa: E402
     expected_log_points,
     generate_stories,
     read_stories,
     train_title_reward_model,
     write_stories,
 )
-from grooves.tasks.hn_titles.task import DEFAULT_CORPUS, DEFAULT_REWARD_MODEL
+from hn_titles.task import DEFAULT_CORPUS, DEFAULT_REWARD_MODEL  # noqa: E402
 
 PROBE_TITLES = [
     "Quill: a tiny database written in Rust",
@@ -31,7 +34,9 @@ PROBE_TITLES = [
     "Bees can count to four, study finds",
     "Shocking: Show HN: Finally, a game changer (10x faster)",
 ]
-PROBE_BODY = "Two students from Delft released Quill, a tiny database written in Rust. It starts in 8 milliseconds."
+PROBE_BODY = (
+    "Two students from Delft released Quill, a tiny database written in Rust. It starts in 8 milliseconds."
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", help="a JSONL file of real stories; default: generate one")
     parser.add_argument("--stories", type=int, default=3000, help="stories to generate")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(Path(DEFAULT_CORPUS).parent), help="folder for the corpus and the model")
+    parser.add_argument(
+        "--out", default=str(Path(DEFAULT_CORPUS).parent), help="folder for the corpus and the model"
+    )
     args = parser.parse_args(argv)
 
     out = Path(args.out)
@@ -56,16 +63,26 @@ def main(argv: list[str] | None = None) -> None:
     assert report is not None
     print(f"corpus        {corpus_path} ({len(stories)} stories)")
     print(f"reward model  {model_dir} (ridge l2 {report.head['l2']})")
-    print(f"held-out      n={report.n_test}  pearson {report.pearson:.3f}  spearman {report.spearman:.3f}  "
-          f"MAE {report.mean_abs_error:.3f} log points")
-    print(f"rescaling     0 = {model.normalization.low:.2f}, 1 = {model.normalization.high:.2f} log(1 + points)")
+    print(
+        f"held-out      n={report.n_test}  pearson {report.pearson:.3f}  spearman {report.spearman:.3f}  "
+        f"MAE {report.mean_abs_error:.3f} log points"
+    )
+    print(
+        f"rescaling     0 = {model.normalization.low:.2f}, 1 = {model.normalization.high:.2f} log(1 + points)"
+    )
     print(f"\nStory: {PROBE_BODY}")
     print(f"{'reward':>7} {'truth':>6}  title   (truth: the generator's noise-free log points)")
     for title in PROBE_TITLES:
         reward = model.rewards([(PROBE_BODY, title)])[0]
         print(f"{reward:7.2f} {expected_log_points(PROBE_BODY, title):6.2f}  {title}")
-    summary = {"stories": len(stories), "pearson": report.pearson, "spearman": report.spearman,
-               "mae": report.mean_abs_error, "n_test": report.n_test, "seconds": time.perf_counter() - t0}
+    summary = {
+        "stories": len(stories),
+        "pearson": report.pearson,
+        "spearman": report.spearman,
+        "mae": report.mean_abs_error,
+        "n_test": report.n_test,
+        "seconds": time.perf_counter() - t0,
+    }
     (out / "prepare.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

@@ -24,19 +24,22 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the hn_titles package
 
-from grooves.config import RunConfig, dump_config, load_config
-from grooves.report.write import write_report
-from grooves.tasks import load_task
-from grooves.tasks.hn_titles import HNTitlesTask, clean_title, expected_log_points
-from grooves.trainer import train
-from grooves.trajectory import TrajectoryGroup
-from grooves.watch import Watch, read_findings
+import torch  # noqa: E402
+
+from grooves.config import RunConfig, dump_config, load_config  # noqa: E402
+from grooves.core.trajectory import TrajectoryGroup  # noqa: E402
+from grooves.report.write import write_report  # noqa: E402
+from grooves.tasks import load_task  # noqa: E402
+from grooves.train.loop import train  # noqa: E402
+from grooves.watch import Watch, read_findings  # noqa: E402
+from hn_titles import HNTitlesTask, clean_title, expected_log_points  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RUN_FILES = {"hn": HERE / "hn.toml", "hn_gated": HERE / "hn_gated.toml"}
@@ -96,7 +99,11 @@ def _last_titles(run_dir: Path, k: int = 8) -> list[str]:
     files = sorted((run_dir / "samples").glob("step_*.jsonl"))
     if not files:
         return []
-    groups = [TrajectoryGroup.model_validate_json(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    groups = [
+        TrajectoryGroup.model_validate_json(line)
+        for line in files[-1].read_text().splitlines()
+        if line.strip()
+    ]
     return [clean_title(g.ok[0].completion) for g in groups if g.ok][:k]
 
 
@@ -108,15 +115,23 @@ def summarize(name: str, run_dir: Path, seconds: float, report: Path) -> dict[st
     for f in findings:
         if f.severity != "info":
             first.setdefault(f.detector, f.step)
-    keys = ["reward_mean", "success_rate", "reward/rm_mean", "check/generator_log_points", "distinct_title_fraction"]
+    keys = [
+        "reward_mean",
+        "success_rate",
+        "reward/rm_mean",
+        "check/generator_log_points",
+        "distinct_title_fraction",
+    ]
     return {
         "run": name,
         "seconds": round(seconds, 1),
         "steps": len(rows),
         "seconds_per_step": round(statistics.fmean(r["seconds_step"] for r in rows), 1) if rows else None,
         "first_finding_step": first,
-        "findings": [{"step": f.step, "detector": f.detector, "severity": f.severity, "message": f.message}
-                     for f in findings],
+        "findings": [
+            {"step": f.step, "detector": f.detector, "severity": f.severity, "message": f.message}
+            for f in findings
+        ],
         "first_3_steps": {k: _mean(rows[:3], k) for k in keys},
         "last_3_steps": {k: _mean(rows[-3:], k) for k in keys},
         "validation": [{k: r.get(k) for k in ("step", "val/reward_mean", "val/success_rate")} for r in val],
@@ -143,12 +158,16 @@ def main() -> None:
     (OUT / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
     from figures import compare_runs
 
-    figure = compare_runs([Path(load_config(RUN_FILES[n]).output_dir) for n in args.runs], OUT / "hn_compare.png")
+    figure = compare_runs(
+        [Path(load_config(RUN_FILES[n]).output_dir) for n in args.runs], OUT / "hn_compare.png"
+    )
     for s in summaries:
-        print(f"{s['run']}: {s['steps']} steps in {s['seconds']:.0f} s; first findings {s['first_finding_step']}; "
-              f"reward {s['first_3_steps']['reward_mean']:.2f} -> {s['last_3_steps']['reward_mean']:.2f}; "
-              f"honest {s['first_3_steps']['success_rate']:.2f} -> {s['last_3_steps']['success_rate']:.2f}; "
-              f"report {s['report']}")
+        print(
+            f"{s['run']}: {s['steps']} steps in {s['seconds']:.0f} s; first findings {s['first_finding_step']}; "
+            f"reward {s['first_3_steps']['reward_mean']:.2f} -> {s['last_3_steps']['reward_mean']:.2f}; "
+            f"honest {s['first_3_steps']['success_rate']:.2f} -> {s['last_3_steps']['success_rate']:.2f}; "
+            f"report {s['report']}"
+        )
     print(f"figure {figure}; summary {OUT / 'summary.json'}")
 
 

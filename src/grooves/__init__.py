@@ -7,6 +7,7 @@ groups into a new adapter.
 
 __version__ = "0.1.0"
 
-from grooves.trajectory import SampledTurn, Trajectory, TrajectoryGroup, gather
+from grooves.core.gather import gather
+from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
 
 __all__ = ["SampledTurn", "Trajectory", "TrajectoryGroup", "gather", "__version__"]

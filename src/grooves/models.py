@@ -149,7 +149,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 
 def _write_manifest(model_dir: Path, **info: str) -> None:
-    files = {p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    files = {
+        p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != "manifest.json"
+    }
     (model_dir / "manifest.json").write_text(json.dumps({**info, "files": files}, indent=2))
 
 

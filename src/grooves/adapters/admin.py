@@ -9,8 +9,9 @@
 `path` is resolved on the server like every adapter command's SOURCE: an adapter folder, a
 checkpoint folder, or a run folder with `select` = latest | best | step (and `metric`, `mode`).
 Loading reads files and waits for the sampler's lock, so it runs on a worker thread; the event
-loop keeps answering requests meanwhile. These endpoints change what the server runs: bind the
-server to a private interface, or start it with `--no-admin`.
+loop keeps answering requests meanwhile. These endpoints change what the server runs, so an app
+has them only when its owner mounts them (`mount_admin`; `grooves serve` does unless
+`--no-admin`): bind such a server to a private interface.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import re
 from dataclasses import asdict
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
-from grooves.adapters.live import AdapterConflict, AdapterTable, Route, UnknownModel
 from grooves.adapters.promote import NothingToRollBack, Promoter
 from grooves.adapters.registry import (
     DEFAULT_METRIC,
@@ -32,7 +32,8 @@ from grooves.adapters.registry import (
     check_adapter_finite,
     resolve_adapter,
 )
-from grooves.server import APIError
+from grooves.serve.errors import APIError
+from grooves.serve.routing import AdapterConflict, AdapterTable, Route, UnknownModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -51,7 +52,11 @@ class NewAdapter(AdapterSource):
 
 
 def route_json(table: AdapterTable, route: Route, promoter: Promoter | None = None) -> dict:
-    body = {**asdict(route), "version": table.version_of(route), "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None}
+    body = {
+        **asdict(route),
+        "version": table.version_of(route),
+        "in_flight": table.in_flight(route.adapter_id) if route.adapter_id else None,
+    }
     if promoter is not None:
         body["history"] = promoter.history(route.name)
     return body
@@ -75,7 +80,11 @@ async def _call(fn, *args):
         raise APIError(404, str(exc), "name", "model_not_found") from exc
     except (AdapterConflict, NothingToRollBack) as exc:
         raise APIError(409, str(exc), "name", "conflict") from exc
-    except (ValueError, RuntimeError, OSError) as exc:  # peft/torch: an adapter that does not fit this base model
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as exc:  # peft/torch: an adapter that does not fit this base model
         raise APIError(400, f"could not load the adapter: {exc}", "path") from exc
 
 
@@ -109,3 +118,12 @@ def admin_router(table: AdapterTable, promoter: Promoter) -> APIRouter:
         return route_json(table, route, promoter)
 
     return router
+
+
+def mount_admin(app: FastAPI) -> Promoter:
+    """Add the /v1/adapters endpoints to an app from `serve.create_app`, over its adapter table;
+    returns the `Promoter` behind them (also `app.state.promoter`)."""
+    promoter = Promoter(app.state.adapters)
+    app.state.promoter = promoter
+    app.include_router(admin_router(app.state.adapters, promoter))
+    return promoter

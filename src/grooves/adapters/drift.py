@@ -73,11 +73,17 @@ def read_lora(adapter_dir: str | Path) -> dict[str, LoraFactors]:
     adapter_dir = Path(adapter_dir)
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     if config.get("peft_type") != "LORA":
-        raise DriftError(f"{adapter_dir}: peft_type={config.get('peft_type')!r}; only LoRA adapters are supported")
+        raise DriftError(
+            f"{adapter_dir}: peft_type={config.get('peft_type')!r}; only LoRA adapters are supported"
+        )
     if config.get("use_dora"):
-        raise DriftError(f"{adapter_dir}: use_dora=true; DoRA rescales W itself, so ||B A|| does not measure its update")
+        raise DriftError(
+            f"{adapter_dir}: use_dora=true; DoRA rescales W itself, so ||B A|| does not measure its update"
+        )
     if config.get("modules_to_save"):
-        raise DriftError(f"{adapter_dir}: modules_to_save={config['modules_to_save']}; fully trained modules are not LoRA updates")
+        raise DriftError(
+            f"{adapter_dir}: modules_to_save={config['modules_to_save']}; fully trained modules are not LoRA updates"
+        )
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
     out: dict[str, LoraFactors] = {}
     for key, a in tensors.items():
@@ -88,7 +94,9 @@ def read_lora(adapter_dir: str | Path) -> dict[str, LoraFactors]:
         alphas = config.get("alpha_pattern") or {}
         alpha = float(alphas.get(get_pattern_key(alphas.keys(), module), config["lora_alpha"]))
         rank = a.shape[0]  # the weights' own rank (rank_pattern, if any, already shaped them)
-        out[f"{module}.weight"] = LoraFactors(a.double(), b.double(), lora_scale(alpha, rank, bool(config.get("use_rslora"))))
+        out[f"{module}.weight"] = LoraFactors(
+            a.double(), b.double(), lora_scale(alpha, rank, bool(config.get("use_rslora")))
+        )
     if not out:
         raise DriftError(f"{adapter_dir}: no lora_A/lora_B tensors in adapter_model.safetensors")
     return out
@@ -106,7 +114,9 @@ def base_weight_sq_norms(base_model: str, names: list[str]) -> dict[str, float]:
         file = path / (files[name] if files and name in files else "model.safetensors")
         with safe_open(str(file), framework="pt") as f:
             if name not in f.keys():
-                raise DriftError(f"base model {base_model}: no weight {name!r}; is this the adapter's base model?")
+                raise DriftError(
+                    f"base model {base_model}: no weight {name!r}; is this the adapter's base model?"
+                )
             out[name] = float(f.get_tensor(name).double().pow(2).sum())
     return out
 
@@ -139,7 +149,9 @@ def group_key(module: str, group: Group) -> str:
     return "total"
 
 
-def drift_table(adapters: list[str | Path], *, base_model: str | None = None, group: Group = "block") -> list[DriftRow]:
+def drift_table(
+    adapters: list[str | Path], *, base_model: str | None = None, group: Group = "block"
+) -> list[DriftRow]:
     """Rows of relative update norms, one per group (in model order), for one or two adapters."""
     if not 1 <= len(adapters) <= 2:
         raise DriftError(f"compare one or two adapters, got {len(adapters)}")

@@ -104,7 +104,9 @@ def export_adapter(
         raise ExportError(f"dtype={dtype!r}: use float32, bfloat16 or float16")
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"--out {out_dir} is not empty; pass --overwrite to replace it, or choose another folder")
+        raise ExportError(
+            f"--out {out_dir} is not empty; pass --overwrite to replace it, or choose another folder"
+        )
     base = base_model or adapter_base_model(adapter_dir)
     try:
         check_adapter_finite(adapter_dir)
@@ -130,9 +132,16 @@ def export_adapter(
                 reloaded = AutoModelForCausalLM.from_pretrained(tmp / "merged", dtype=torch.float32).eval()
                 diff = float((_logits(reloaded, ids) - reference).abs().max())
         if diff is not None and dtype == "float32" and diff > FLOAT32_TOLERANCE:
-            raise ExportError(f"merged model's logits differ from the adapter's by {diff:.3g} (> {FLOAT32_TOLERANCE}); nothing was exported")
+            raise ExportError(
+                f"merged model's logits differ from the adapter's by {diff:.3g} (> {FLOAT32_TOLERANCE}); nothing was exported"
+            )
         result = ExportResult(
-            str(adapter_dir), base, dtype, str(out_dir / "merged") if merged else None, str(out_dir / "adapter") if adapter else None, diff
+            str(adapter_dir),
+            base,
+            dtype,
+            str(out_dir / "merged") if merged else None,
+            str(out_dir / "adapter") if adapter else None,
+            diff,
         )
         (tmp / "export.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
         _move_into_place(tmp, out_dir)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from grooves.adapters.live import AdapterTable, Route
 from grooves.adapters.registry import DEFAULT_METRIC, AdapterNotFound, AdapterRegistry
+from grooves.serve.routing import AdapterTable, Route
 
 
 class NothingToRollBack(LookupError):
@@ -59,7 +59,10 @@ class Promoter:
 
 
 def pick_checkpoint(
-    run_dir: str | Path, select: Literal["best", "latest"], metric: str = DEFAULT_METRIC, mode: Literal["max", "min"] = "max"
+    run_dir: str | Path,
+    select: Literal["best", "latest"],
+    metric: str = DEFAULT_METRIC,
+    mode: Literal["max", "min"] = "max",
 ) -> Path | None:
     """The adapter `watch_run` would promote now, or None if the run has none yet."""
     try:
@@ -106,9 +109,15 @@ def http_promoter(base_url: str, name: str, *, timeout: float = 120.0) -> Callab
     import httpx
 
     def promote(path: Path) -> dict:
-        resp = httpx.post(f"{base_url.rstrip('/')}/adapters/{name}/promote", json={"path": str(Path(path).resolve())}, timeout=timeout)
+        resp = httpx.post(
+            f"{base_url.rstrip('/')}/adapters/{name}/promote",
+            json={"path": str(Path(path).resolve())},
+            timeout=timeout,
+        )
         if resp.status_code >= 400:
-            raise RuntimeError(f"promote {name} -> {path}: HTTP {resp.status_code}: {resp.json().get('error', {}).get('message')}")
+            raise RuntimeError(
+                f"promote {name} -> {path}: HTTP {resp.status_code}: {resp.json().get('error', {}).get('message')}"
+            )
         return resp.json()
 
     return promote

@@ -99,8 +99,8 @@ class AdapterRegistry:
 
     def checkpoints(self) -> list[CheckpointEntry]:
         """Complete checkpoints (those with a state.json and an adapter), oldest first."""
-        # imported here: grooves.checkpoint loads torch, and `grooves judge` must start without it
-        from grooves.checkpoint import CHECKPOINT_PREFIX
+        # imported here: grooves.train.checkpoint loads torch, and `grooves judge` must start without it
+        from grooves.train.checkpoint import CHECKPOINT_PREFIX
 
         folder = self.run_dir / "checkpoints"
         if not folder.is_dir():
@@ -127,7 +127,9 @@ class AdapterRegistry:
         for e in entries:
             if e.step == step:
                 return e
-        raise AdapterNotFound(f"{self.run_dir}: no checkpoint of step {step}; kept steps: {[e.step for e in entries]}")
+        raise AdapterNotFound(
+            f"{self.run_dir}: no checkpoint of step {step}; kept steps: {[e.step for e in entries]}"
+        )
 
     def best(self, metric: str = DEFAULT_METRIC, mode: Literal["max", "min"] = "max") -> CheckpointEntry:
         """The checkpoint whose step scored best on `metric`; ties go to the later step."""
@@ -154,7 +156,10 @@ Selection = str
 
 
 def resolve_adapter(
-    source: str | Path, select: Selection = "latest", metric: str = DEFAULT_METRIC, mode: Literal["max", "min"] = "max"
+    source: str | Path,
+    select: Selection = "latest",
+    metric: str = DEFAULT_METRIC,
+    mode: Literal["max", "min"] = "max",
 ) -> Path:
     """The adapter folder that `source` names.
 

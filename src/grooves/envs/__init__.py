@@ -2,7 +2,7 @@
 
     from grooves.envs import get_env, make_rollout
     env = get_env("support_desk")
-    rollout = make_rollout(env, model="policy")       # async (client, scenario) -> Trajectory
+    rollout = make_rollout(env, model="policy")       # async (model, scenario) -> Trajectory
 
 Everything a task needs is inside it: seed data, scenarios in train/validation splits, tools with
 JSON schemas, and a grader that `env.validate()` proves on gold and known-bad solutions.
@@ -13,6 +13,13 @@ from grooves.envs.registry import BUILTINS, get_env
 from grooves.envs.rollout import make_rollout, run_episode
 
 __all__ = [
-    "BUILTINS", "Environment", "Episode", "Grade", "Limits", "ValidationReport", "get_env", "make_rollout",
+    "BUILTINS",
+    "Environment",
+    "Episode",
+    "Grade",
+    "Limits",
+    "ValidationReport",
+    "get_env",
+    "make_rollout",
     "run_episode",
 ]

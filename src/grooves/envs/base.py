@@ -93,7 +93,9 @@ def parse_tool_call(obj: Any) -> ToolCall:
         raise TypeError(f"a tool call must be a dict or an openai ToolCall, got {type(obj).__name__}")
     fn = obj.get("function") or {}
     if not isinstance(fn, dict):
-        raise TypeError(f"tool_call.function must be an object with a name and arguments, got {type(fn).__name__}")
+        raise TypeError(
+            f"tool_call.function must be an object with a name and arguments, got {type(fn).__name__}"
+        )
     name, call_id = fn.get("name") or "", obj.get("id") or ""
     if not isinstance(name, str) or not isinstance(call_id, str | int):
         raise TypeError("tool_call.function.name must be a string, and tool_call.id a string or a number")
@@ -102,8 +104,14 @@ def parse_tool_call(obj: Any) -> ToolCall:
         # Some clients hand over parsed arguments; keep one representation (the JSON text).
         try:
             args = json.dumps(args)
-        except (TypeError, ValueError, RecursionError) as exc:  # nested past the recursion limit, huge integers
-            raise TypeError(f"tool_call.function.arguments cannot be written as JSON: {type(exc).__name__}") from None
+        except (
+            TypeError,
+            ValueError,
+            RecursionError,
+        ) as exc:  # nested past the recursion limit, huge integers
+            raise TypeError(
+                f"tool_call.function.arguments cannot be written as JSON: {type(exc).__name__}"
+            ) from None
     return ToolCall(id=str(call_id), name=name, arguments=args)
 
 
@@ -222,4 +230,3 @@ class ValidationReport(BaseModel):
             f"{self.env}: {self.scenarios} scenarios, min gold {worst_gold:.3f}, "
             f"max bad {worst_bad:.3f} (threshold {self.bad_threshold}): {verdict}"
         )
-

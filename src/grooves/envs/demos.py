@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from grooves.envs.base import Environment, Scenario
-from grooves.envs.task import play
+from grooves.envs.sqlite import play
 
 PREFACES: tuple[str, ...] = ("", "Let me check.", "I'll look that up.", "One moment.")
 """Text before a tool call in the same assistant turn; "" is a bare call, as SmolLM2's tool
@@ -57,14 +57,21 @@ class DemoReport:
 
 
 def demonstrations(
-    env: Environment, split: str = "train", *, seed: int = 0, copies: int = 1, prefaces: Sequence[str] = PREFACES,
+    env: Environment,
+    split: str = "train",
+    *,
+    seed: int = 0,
+    copies: int = 1,
+    prefaces: Sequence[str] = PREFACES,
     report: DemoReport | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Chats `{"messages", "tools", "env", "scenario_id", "reward"}` that score 1.0, `copies` per
     scenario (each worded anew), in scenario order. `report` (if given) is filled in as they go."""
     if split != "train":
-        raise ValueError(f"split {split!r}: demonstrations come from the train split only, so the "
-                         "validation scenarios stay unseen and validation measures what was learned")
+        raise ValueError(
+            f"split {split!r}: demonstrations come from the train split only, so the "
+            "validation scenarios stay unseen and validation measures what was learned"
+        )
     if copies < 1:
         raise ValueError(f"copies must be >= 1, got {copies}")
     spec = getattr(env, "spec", None)
@@ -84,8 +91,9 @@ def demonstrations(
             yield chat
 
 
-def _demonstration(env: Environment, solver, scenario: Scenario, rng: random.Random,
-                   prefaces: Sequence[str]) -> tuple[dict[str, Any] | None, bool, str]:
+def _demonstration(
+    env: Environment, solver, scenario: Scenario, rng: random.Random, prefaces: Sequence[str]
+) -> tuple[dict[str, Any] | None, bool, str]:
     """(chat, _, "") when the grader scores it 1.0; else (None, whether the solver failed, why)."""
     episode = env.reset(scenario)
     try:
@@ -98,12 +106,28 @@ def _demonstration(env: Environment, solver, scenario: Scenario, rng: random.Ran
         episode.close()
     if grade.score < 1.0:
         return None, False, f"scored {grade.score:.3f} ({'; '.join(grade.notes)})"
-    return {"messages": traj.messages, "tools": traj.tools, "env": env.name, "scenario_id": scenario["id"],
-            "reward": grade.score}, False, ""
+    return (
+        {
+            "messages": traj.messages,
+            "tools": traj.tools,
+            "env": env.name,
+            "scenario_id": scenario["id"],
+            "reward": grade.score,
+        },
+        False,
+        "",
+    )
 
 
-def write_demonstrations(env: Environment, path: str | Path, split: str = "train", *, seed: int = 0,
-                         copies: int = 1, prefaces: Sequence[str] = PREFACES) -> DemoReport:
+def write_demonstrations(
+    env: Environment,
+    path: str | Path,
+    split: str = "train",
+    *,
+    seed: int = 0,
+    copies: int = 1,
+    prefaces: Sequence[str] = PREFACES,
+) -> DemoReport:
     """Write `demonstrations(...)` to a JSONL file (one chat per line); returns the report.
 
     The file is written to `path.tmp` and renamed when complete, so a failed run leaves no
@@ -113,7 +137,9 @@ def write_demonstrations(env: Environment, path: str | Path, split: str = "train
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w") as f:
-            for chat in demonstrations(env, split, seed=seed, copies=copies, prefaces=prefaces, report=report):
+            for chat in demonstrations(
+                env, split, seed=seed, copies=copies, prefaces=prefaces, report=report
+            ):
                 f.write(json.dumps(chat) + "\n")
         tmp.replace(path)
     finally:

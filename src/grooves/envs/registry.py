@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from grooves.envs.base import Limits
-from grooves.envs.task import SqliteEnvironment, TaskSpec
+from grooves.envs.sqlite import SqliteEnvironment, TaskSpec
 
 BUILTINS = ("support_desk", "issue_tracker", "flight_booking", "corpus_search")
 
@@ -17,10 +17,12 @@ BUILTINS = ("support_desk", "issue_tracker", "flight_booking", "corpus_search")
 def get_spec(name: str) -> TaskSpec:
     if name not in BUILTINS:
         raise KeyError(f"no environment {name!r}; built-ins are {', '.join(BUILTINS)}")
-    return import_module(f"grooves.envs.{name}").SPEC
+    return import_module(f"grooves.envs.builtin.{name}").SPEC
 
 
-def get_env(name: str, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None) -> SqliteEnvironment:
+def get_env(
+    name: str, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None
+) -> SqliteEnvironment:
     """A built-in environment; `seed` picks the generated data and scenarios (0 is the reference).
 
     `on_disk=True` gives each episode a temporary database file instead of memory (for

@@ -77,7 +77,9 @@ class RemoteEnvironment:
 class RemoteEpisode:
     """One server session; the same methods as a local episode."""
 
-    def __init__(self, http: httpx.Client, session_id: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]):
+    def __init__(
+        self, http: httpx.Client, session_id: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ):
         self._http = http
         self.session_id = session_id
         self._messages = messages
@@ -101,7 +103,11 @@ class RemoteEpisode:
 
     def step(self, tool_call: Any) -> dict[str, Any]:
         call = parse_tool_call(tool_call)
-        raw = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        raw = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
         body = _check(self._http.post(self._url("/step"), json={"tool_call": raw})).json()
         self._done = bool(body["done"])
         return body["message"]
@@ -114,8 +120,11 @@ class RemoteEpisode:
         return _check(self._http.get(self._url("/snapshot"))).content
 
     def restore(self, data: bytes) -> None:
-        _check(self._http.put(self._url("/snapshot"), content=data,
-                              headers={"content-type": "application/octet-stream"}))
+        _check(
+            self._http.put(
+                self._url("/snapshot"), content=data, headers={"content-type": "application/octet-stream"}
+            )
+        )
         self._done = bool(self._status()["done"])
 
     def fork(self) -> RemoteEpisode:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from grooves.core.gather import RolloutFn
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 from grooves.envs.base import Environment, Episode, Scenario
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import RolloutFn, Trajectory
 
 
 def _tool_calls(choice: Any) -> list[Any]:
@@ -48,7 +49,8 @@ async def run_episode(
     episode: Episode = await asyncio.to_thread(env.reset, scenario)
     try:
         traj = Trajectory(
-            messages=list(episode.messages), tools=episode.tools,
+            messages=list(episode.messages),
+            tools=episode.tools,
             metadata={"env": env.name, "scenario_id": scenario.get("id"), "split": scenario.get("split")},
         )
         stop_reason, model_calls, after_budget = "max_turns", 0, False
@@ -57,8 +59,12 @@ async def run_episode(
                 choice = await client.complete(traj.messages, traj.tools)
             else:
                 completion = await client.chat.completions.create(
-                    model=model, messages=traj.messages, tools=traj.tools, logprobs=True,
-                    temperature=temperature, max_tokens=max_tokens,
+                    model=model,
+                    messages=traj.messages,
+                    tools=traj.tools,
+                    logprobs=True,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
                 )
                 choice = completion.choices[0]
             model_calls += 1
@@ -92,11 +98,19 @@ def make_rollout(
     temperature: float = 1.0,
     max_tokens: int = 512,
 ) -> RolloutFn:
-    """`async def rollout(client, scenario) -> Trajectory` for `trajectory.gather` and the trainer."""
+    """`async def rollout(model, scenario) -> Trajectory` for `gather` and the trainer; `model` (the
+    make_rollout argument) names the served model when a rollout is handed a plain client."""
+    name = model
 
-    async def rollout(client: Any, scenario: dict[str, Any]) -> Trajectory:
+    async def rollout(model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         return await run_episode(
-            client, env, scenario, model=model, max_turns=max_turns, temperature=temperature, max_tokens=max_tokens
+            model,
+            env,
+            scenario,
+            model=name,
+            max_turns=max_turns,
+            temperature=temperature,
+            max_tokens=max_tokens,
         )
 
     return rollout

@@ -70,7 +70,9 @@ class SessionStore:
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
                 episode.close()
-                raise SessionError(429, f"{self.max_sessions} sessions are open; close some or wait for expiry")
+                raise SessionError(
+                    429, f"{self.max_sessions} sessions are open; close some or wait for expiry"
+                )
             sid = secrets.token_urlsafe(18)
             self._sessions[sid] = Session(episode, self.clock())
         return sid
@@ -164,8 +166,12 @@ def create_app(
 def _add_env_routes(app: FastAPI, env: Environment, store: SessionStore) -> None:
     @app.get("/env")
     def describe() -> dict[str, Any]:
-        return {"name": env.name, "limits": env.limits.model_dump(),
-                "scenarios": {s: len(env.scenarios(s)) for s in SPLITS}, "sessions": len(store)}
+        return {
+            "name": env.name,
+            "limits": env.limits.model_dump(),
+            "scenarios": {s: len(env.scenarios(s)) for s in SPLITS},
+            "sessions": len(store),
+        }
 
     @app.get("/scenarios")
     def scenarios(split: str = "train") -> list[dict[str, Any]]:
@@ -224,7 +230,9 @@ def _add_session_routes(app: FastAPI, env: Environment, store: SessionStore, max
     async def restore(sid: str, request: Request) -> dict[str, Any]:
         data = await request.body()
         if len(data) > max_snapshot_bytes:
-            raise SessionError(413, f"the snapshot is {len(data)} bytes; this server restores at most {max_snapshot_bytes}")
+            raise SessionError(
+                413, f"the snapshot is {len(data)} bytes; this server restores at most {max_snapshot_bytes}"
+            )
         return await asyncio.to_thread(_restore, store, sid, data)
 
     @app.post("/sessions/{sid}/fork")
@@ -258,11 +266,15 @@ def _restore(store: SessionStore, sid: str, data: bytes) -> dict[str, Any]:
 
 def _add_error_handling(app: FastAPI, max_body_bytes: int) -> None:
     app.add_middleware(
-        BodyLimit, max_bytes=max_body_bytes, too_large=lambda limit: {"error": "body_too_large", "detail": f"limit is {limit} bytes"}
+        BodyLimit,
+        max_bytes=max_body_bytes,
+        too_large=lambda limit: {"error": "body_too_large", "detail": f"limit is {limit} bytes"},
     )
     # A bug in one episode's code answers this request only; the session, the others and the
     # client's keep-alive connection live on.
-    app.add_middleware(ServerErrors, body=lambda exc: {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"})
+    app.add_middleware(
+        ServerErrors, body=lambda exc: {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"}
+    )
 
     @app.exception_handler(SessionError)
     async def refused(request: Request, exc: SessionError) -> JSONResponse:
@@ -275,10 +287,24 @@ async def _sweep_forever(store: SessionStore, every_s: float) -> None:
         await asyncio.to_thread(store.sweep)
 
 
-def serve(env: Environment, *, host: str = "127.0.0.1", port: int = 8100, ttl_s: float = 600.0,
-          max_sessions: int = 512, max_body_bytes: int = MAX_BODY_BYTES, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
+def serve(
+    env: Environment,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    ttl_s: float = 600.0,
+    max_sessions: int = 512,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+) -> None:
     """Run the service in the foreground (what `grooves env serve NAME` does)."""
     import uvicorn
 
-    app = create_app(env, ttl_s=ttl_s, max_sessions=max_sessions, max_body_bytes=max_body_bytes, max_snapshot_bytes=max_snapshot_bytes)
+    app = create_app(
+        env,
+        ttl_s=ttl_s,
+        max_sessions=max_sessions,
+        max_body_bytes=max_body_bytes,
+        max_snapshot_bytes=max_snapshot_bytes,
+    )
     uvicorn.run(app, host=host, port=port, log_level="info")

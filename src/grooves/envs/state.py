@@ -74,7 +74,9 @@ class SqliteState:
         self.path = path
 
     @classmethod
-    def from_seed(cls, seed: SeedDatabase, *, on_disk: bool = False, path: str | Path | None = None) -> SqliteState:
+    def from_seed(
+        cls, seed: SeedDatabase, *, on_disk: bool = False, path: str | Path | None = None
+    ) -> SqliteState:
         if on_disk and path is None:
             fd, name = tempfile.mkstemp(prefix="grooves-env-", suffix=".sqlite")
             os.close(fd)
@@ -152,7 +154,9 @@ def check_snapshot(data: bytes, seed: SeedDatabase) -> None:
         if found != seed.schema:
             extra = sorted({f"{t} {n}" for t, n, _, _ in set(found) - set(seed.schema)})
             missing = sorted({f"{t} {n}" for t, n, _, _ in set(seed.schema) - set(found)})
-            raise ValueError(f"its schema is not the environment's (not in the seed, or changed: {extra}; missing or changed: {missing})")
+            raise ValueError(
+                f"its schema is not the environment's (not in the seed, or changed: {extra}; missing or changed: {missing})"
+            )
         problems = [r[0] for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
         if problems != ["ok"]:
             raise ValueError(f"the database is damaged: {'; '.join(problems)}")

@@ -107,7 +107,9 @@ class ToolBox:
         try:
             return self._run(ctx, call)
         except Exception as exc:  # a gap in the guards below: still an error outcome, not a server error
-            with contextlib.suppress(Exception):  # the connection may be unusable; the outcome says what failed
+            with contextlib.suppress(
+                Exception
+            ):  # the connection may be unusable; the outcome says what failed
                 ctx.state.conn.rollback()
             text = f"{call.name!r} could not be run: {type(exc).__name__}: {exc}"
             return ToolOutcome(error_content("tool_crashed", text), "tool_crashed", self.latency(call.name))
@@ -116,7 +118,9 @@ class ToolBox:
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self._tools))
-            return ToolOutcome(error_content("unknown_tool", f"no tool {call.name!r}; tools: {known}"), "unknown_tool")
+            return ToolOutcome(
+                error_content("unknown_tool", f"no tool {call.name!r}; tools: {known}"), "unknown_tool"
+            )
         args, problem = self._parse(call)
         if problem is not None:
             return ToolOutcome(error_content(*problem), problem[0], tool.latency_s)
@@ -132,14 +136,19 @@ class ToolBox:
         try:
             content = json.dumps(result, ensure_ascii=False, default=str)
         except (ValueError, RecursionError) as exc:  # a result JSON cannot hold (a circular or huge value)
-            text = f"{call.name} returned a result that cannot be written as JSON: {type(exc).__name__}: {exc}"
+            text = (
+                f"{call.name} returned a result that cannot be written as JSON: {type(exc).__name__}: {exc}"
+            )
             return ToolOutcome(error_content("tool_crashed", text), "tool_crashed", tool.latency_s)
         return ToolOutcome(_clip(content, self.limits.max_result_chars), None, tool.latency_s)
 
     def _parse(self, call: ToolCall) -> tuple[dict[str, Any], tuple[str, str] | None]:
         limit = self.limits.max_argument_chars
         if len(call.arguments) > limit:
-            return {}, ("arguments_too_large", f"arguments are {len(call.arguments)} characters; the limit is {limit}")
+            return {}, (
+                "arguments_too_large",
+                f"arguments are {len(call.arguments)} characters; the limit is {limit}",
+            )
         text = call.arguments.strip() or "{}"
         try:
             args = json.loads(text)
@@ -168,7 +177,12 @@ def _clip(text: str, limit: int) -> str:
 
 def obj(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
     """A closed JSON-schema object: unknown fields are a schema violation, not silently dropped."""
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def string(description: str, max_length: int = 200, enum: Sequence[str] | None = None) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.ask import ask
 from grooves.judge.client import JudgeClient
 from grooves.judge.prompt import render_messages, shown_texts, single_messages, split_shared_context
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score
 from grooves.judge.verdict import parse_single
-from grooves.trajectory import TrajectoryGroup
 
 
 class AbsoluteJudge:
@@ -32,8 +32,13 @@ class AbsoluteJudge:
         """Score `response` to `context`; raises JudgeError when the judge fails for good."""
         messages = single_messages(self.rubric, context, response)
         key = self.client.key(self.rubric.content_hash, {"mode": "absolute", "messages": messages})
-        verdict = await ask(self.client, messages, shown_texts(context, [response]),
-                            lambda reply, seal: parse_single(reply, self.rubric, seal), key)
+        verdict = await ask(
+            self.client,
+            messages,
+            shown_texts(context, [response]),
+            lambda reply, seal: parse_single(reply, self.rubric, seal),
+            key,
+        )
         return Score.from_verdict(verdict, self.rubric, self.client.model, "absolute")
 
     async def judge_conversation(self, messages: Sequence[dict[str, Any]]) -> Score:

@@ -60,6 +60,8 @@ async def ask(
             result, text = parse(second.text, seal), second.text
         except InvalidJudgment as again:
             first_error = "" if str(again) == str(error) else f" (first: {error})"
-            raise JudgeError(f"judge reply invalid, and still invalid after one repair: {again}{first_error}") from again
+            raise JudgeError(
+                f"judge reply invalid, and still invalid after one repair: {again}{first_error}"
+            ) from again
     client.cache_put(key, json.dumps({"nonce": seal.nonce, "reply": text}))
     return result

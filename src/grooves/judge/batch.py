@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.jsonl import read_models, write_models
 from grooves.judge.absolute import AbsoluteJudge
 from grooves.judge.client import JudgeClient
@@ -36,7 +37,6 @@ from grooves.judge.group import GroupJudge
 from grooves.judge.prompt import conversation_pair
 from grooves.judge.rubric import Rubric
 from grooves.judge.score import JudgeMode, Score
-from grooves.trajectory import Trajectory, TrajectoryGroup
 
 
 class Item(BaseModel):
@@ -88,8 +88,11 @@ def _items_from_line(data: dict[str, Any], lineno: int, path: Path) -> list[Item
         if "trajectories" in data:
             group = TrajectoryGroup.model_validate(data)
             gid = str(group.scenario.get("id", f"g{lineno}"))
-            return [_from_trajectory(t, str(t.metadata.get("id", f"{gid}-{k}")), gid)
-                    for k, t in enumerate(group.trajectories) if t.error is None]
+            return [
+                _from_trajectory(t, str(t.metadata.get("id", f"{gid}-{k}")), gid)
+                for k, t in enumerate(group.trajectories)
+                if t.error is None
+            ]
         if "messages" in data:
             traj = Trajectory.model_validate(data)
             return [] if traj.error else [_from_trajectory(traj, str(traj.metadata.get("id", lineno)), None)]
@@ -123,14 +126,23 @@ def read_items(path: str | Path) -> list[Item]:
     return items
 
 
-def _record(item: Item, score: Score | None, rubric: Rubric, model: str, mode: JudgeMode, error: str | None) -> ScoreRecord:
+def _record(
+    item: Item, score: Score | None, rubric: Rubric, model: str, mode: JudgeMode, error: str | None
+) -> ScoreRecord:
     return ScoreRecord(
-        id=item.id, input=item.input, output=item.output,
+        id=item.id,
+        input=item.input,
+        output=item.output,
         score=None if score is None else score.total,
         criteria={} if score is None else score.criteria,
         reason="" if score is None else score.reason,
-        error=error, rubric=rubric.name, rubric_version=rubric.version, rubric_hash=rubric.content_hash,
-        judge_model=model, mode=mode, group=item.group,
+        error=error,
+        rubric=rubric.name,
+        rubric_version=rubric.version,
+        rubric_hash=rubric.content_hash,
+        judge_model=model,
+        mode=mode,
+        group=item.group,
         position_bias=None if score is None else score.position_bias,
     )
 
@@ -243,7 +255,9 @@ def to_retry(items: Sequence[Item], previous: Sequence[ScoreRecord], mode: Judge
     return out
 
 
-def check_retry(previous: Sequence[ScoreRecord], rubric: Rubric, model: str, mode: JudgeMode, path: Path) -> None:
+def check_retry(
+    previous: Sequence[ScoreRecord], rubric: Rubric, model: str, mode: JudgeMode, path: Path
+) -> None:
     """Refuse to merge new scores into a file scored with another rubric, judge or mode."""
     for r in previous:
         mine = (rubric.content_hash, model, mode)
@@ -256,7 +270,9 @@ def check_retry(previous: Sequence[ScoreRecord], rubric: Rubric, model: str, mod
             )
 
 
-def merge(items: Sequence[Item], previous: Sequence[ScoreRecord], fresh: Sequence[ScoreRecord]) -> list[ScoreRecord]:
+def merge(
+    items: Sequence[Item], previous: Sequence[ScoreRecord], fresh: Sequence[ScoreRecord]
+) -> list[ScoreRecord]:
     """One record per item, in item order: the fresh one where there is one, else the previous one."""
     by_id = {r.id: r for r in previous} | {r.id: r for r in fresh}
     return [by_id[i.id] for i in items if i.id in by_id]

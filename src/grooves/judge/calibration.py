@@ -65,7 +65,9 @@ def seeded_order(ids: Sequence[str], seed: int) -> dict[str, int]:
     return {i: k for k, i in enumerate(order)}
 
 
-def extremes(records: Sequence[ScoreRecord], k: int, seed: int = 0) -> tuple[list[ScoreRecord], list[ScoreRecord]]:
+def extremes(
+    records: Sequence[ScoreRecord], k: int, seed: int = 0
+) -> tuple[list[ScoreRecord], list[ScoreRecord]]:
     """The k highest-scored records (best first) and the k lowest (worst first), never overlapping.
 
     Equal scores are ordered by `seeded_order`, so a cut through a tie takes a seeded sample of it.
@@ -89,8 +91,10 @@ class Ties:
     shown: int
 
     def __str__(self) -> str:
-        return (f"{self.tied} items tie at {self.score:.3f}; {self.shown} of them shown, "
-                "picked in a seeded order (--seed)")
+        return (
+            f"{self.tied} items tie at {self.score:.3f}; {self.shown} of them shown, "
+            "picked in a seeded order (--seed)"
+        )
 
 
 def ties(shown: Sequence[ScoreRecord], records: Sequence[ScoreRecord]) -> Ties | None:
@@ -103,13 +107,15 @@ def ties(shown: Sequence[ScoreRecord], records: Sequence[ScoreRecord]) -> Ties |
     return Ties(cut, tied, on_show) if tied > on_show else None
 
 
-def labelled(records: Sequence[ScoreRecord], verdicts: dict[str, Verdict], skip: set[str]) -> list[ScoreRecord]:
+def labelled(
+    records: Sequence[ScoreRecord], verdicts: dict[str, Verdict], skip: set[str]
+) -> list[ScoreRecord]:
     """Records the person has a verdict for, other than those in `skip` (already on the page)."""
     return [r for r in records if r.id in verdicts and r.id not in skip]
 
 
 def side_of(record: ScoreRecord, records: Sequence[ScoreRecord]) -> Side:
-    """"top" when the record's score is at or above the median score of the file, else "bottom"."""
+    """ "top" when the record's score is at or above the median score of the file, else "bottom"."""
     median = statistics.median(float(r.score) for r in records if r.score is not None)
     return "top" if (record.score or 0.0) >= median else "bottom"
 
@@ -118,8 +124,14 @@ def make_verdict(record: ScoreRecord, records: Sequence[ScoreRecord], agree: boo
     if record.score is None:
         raise ValueError(f"item {record.id!r} has no score ({record.error}); it cannot be marked")
     return Verdict(
-        id=record.id, agree=agree, note=note, side=side_of(record, records), score=record.score,
-        rubric_version=record.rubric_version, rubric_hash=record.rubric_hash, marked_at=time.time(),
+        id=record.id,
+        agree=agree,
+        note=note,
+        side=side_of(record, records),
+        score=record.score,
+        rubric_version=record.rubric_version,
+        rubric_hash=record.rubric_hash,
+        marked_at=time.time(),
     )
 
 
@@ -149,7 +161,9 @@ def import_verdicts(records: Sequence[ScoreRecord], path: str | Path) -> list[Ve
             record = by_id.get(str(raw["id"]))
             if record is None:
                 raise ValueError(f"{where}: id {raw['id']!r} is not in the scores file")
-            out.append(make_verdict(record, records, _agree_value(raw["agree"], where), str(raw.get("note", ""))))
+            out.append(
+                make_verdict(record, records, _agree_value(raw["agree"], where), str(raw.get("note", "")))
+            )
     return out
 
 
@@ -158,7 +172,14 @@ def read_verdicts(path: str | Path) -> list[Verdict]:
 
 
 def _same(a: Verdict, b: Verdict) -> bool:
-    return (a.id, a.agree, a.note, a.side, a.score, a.rubric_hash) == (b.id, b.agree, b.note, b.side, b.score, b.rubric_hash)
+    return (a.id, a.agree, a.note, a.side, a.score, a.rubric_hash) == (
+        b.id,
+        b.agree,
+        b.note,
+        b.side,
+        b.score,
+        b.rubric_hash,
+    )
 
 
 def append_verdicts(path: str | Path, verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -198,7 +219,9 @@ def agreement(a: Sequence[ScoreRecord], b: Sequence[ScoreRecord]) -> Agreement:
     xs, ys = paired_scores(a, b)
     if not xs:
         return Agreement(n=0, pearson=math.nan, spearman=math.nan, mean_abs_diff=math.nan)
-    return Agreement(n=len(xs), pearson=pearson(xs, ys), spearman=spearman(xs, ys), mean_abs_diff=mean_abs_diff(xs, ys))
+    return Agreement(
+        n=len(xs), pearson=pearson(xs, ys), spearman=spearman(xs, ys), mean_abs_diff=mean_abs_diff(xs, ys)
+    )
 
 
 def paired_scores(a: Sequence[ScoreRecord], b: Sequence[ScoreRecord]) -> tuple[list[float], list[float]]:
@@ -219,7 +242,9 @@ class PersonAgreement(BaseModel):
     mean_score_bad: float
 
 
-def person_agreement(records: Sequence[ScoreRecord], verdicts: Sequence[Verdict], threshold: float = 0.5) -> PersonAgreement:
+def person_agreement(
+    records: Sequence[ScoreRecord], verdicts: Sequence[Verdict], threshold: float = 0.5
+) -> PersonAgreement:
     """Compare scores with the person's labels; a good rubric scores their "good" items >= threshold."""
     scores = {r.id: float(r.score) for r in records if r.score is not None}
     marked = [(scores[v.id], v.good) for v in latest_verdicts(verdicts).values() if v.id in scores]

@@ -87,7 +87,9 @@ class JudgeConfig(BaseModel):
         model = self.model or os.environ.get(ENV_MODEL)
         api_key = self.api_key or os.environ.get(ENV_API_KEY) or "none"
         if not base_url and need_base_url:
-            raise JudgeError(f"judge base_url is not set: pass --base-url, set judge.base_url, or export {ENV_BASE_URL}")
+            raise JudgeError(
+                f"judge base_url is not set: pass --base-url, set judge.base_url, or export {ENV_BASE_URL}"
+            )
         if not model:
             raise JudgeError(f"judge model is not set: pass --model, set judge.model, or export {ENV_MODEL}")
         return self.model_copy(update={"base_url": base_url, "model": model, "api_key": api_key})
@@ -150,7 +152,7 @@ Sleep = Callable[[float], Awaitable[Any]]
 class JudgeClient:
     """Chat completions against one judge endpoint, with retries, a limit, a cache and usage counts.
 
-    `openai_client` lets an existing `AsyncOpenAI` carry the requests, e.g. `grooves.server`'s
+    `openai_client` lets an existing `AsyncOpenAI` carry the requests, e.g. `grooves.serve`'s
     `inprocess_client(policy)` for a judge served in this process; the code path is the same.
     Use one client inside one event loop (its semaphore and HTTP pool belong to that loop).
     """
@@ -218,8 +220,11 @@ class JudgeClient:
         for attempt in range(self.config.max_retries + 1):
             if attempt:
                 delay = backoff_delay(
-                    attempt - 1, self.config.backoff_s, self.config.backoff_max_s,
-                    self.config.jitter, self._rng.random(),
+                    attempt - 1,
+                    self.config.backoff_s,
+                    self.config.backoff_max_s,
+                    self.config.jitter,
+                    self._rng.random(),
                 )
                 self._count(TokenUsage(retries=1))
                 await self._sleep(delay)
@@ -234,7 +239,9 @@ class JudgeClient:
                 last = exc
                 continue
             except ValueError as exc:  # a 200 whose JSON body does not parse (the SDK does not wrap it)
-                raise JudgeError(f"judge endpoint {self.endpoint} answered with a body that is not JSON: {exc}") from exc
+                raise JudgeError(
+                    f"judge endpoint {self.endpoint} answered with a body that is not JSON: {exc}"
+                ) from exc
             return self._completion(response)
         raise JudgeError(
             f"judge request to {self.endpoint} failed after {self.config.max_retries + 1} attempts: "
@@ -260,7 +267,9 @@ class JudgeClient:
         if not choices:
             raise JudgeError(f"{not_completion} (no choices): {snippet!r}")
         if content is not None and not isinstance(content, str):
-            raise JudgeError(f"judge endpoint {self.endpoint} returned content of type {type(content).__name__}, not text")
+            raise JudgeError(
+                f"judge endpoint {self.endpoint} returned content of type {type(content).__name__}, not text"
+            )
         self._count(TokenUsage(prompt_tokens=prompt, completion_tokens=completion))
         return Completion(content or "", prompt, completion)
 
@@ -278,15 +287,21 @@ class JudgeClient:
             hint = _url_hint(self.endpoint) or "; if this server lists no models, pass --no-check"
             raise JudgeError(f"GET {where} answered 404 (not found){hint}") from exc
         except openai.APIConnectionError as exc:
-            raise JudgeError(f"cannot reach the judge at {self.endpoint}: {exc} Is the server running?") from exc
+            raise JudgeError(
+                f"cannot reach the judge at {self.endpoint}: {exc} Is the server running?"
+            ) from exc
         except openai.OpenAIError as exc:
             raise JudgeError(f"GET {where} failed: {exc}") from exc
         except (AttributeError, TypeError, ValueError) as exc:
-            raise JudgeError(f"GET {where} did not answer with a model list{_url_hint(self.endpoint)}") from exc
+            raise JudgeError(
+                f"GET {where} did not answer with a model list{_url_hint(self.endpoint)}"
+            ) from exc
         if self.model not in served:
             names = ", ".join(served[:10]) + (f" and {len(served) - 10} more" if len(served) > 10 else "")
-            raise JudgeError(f"the judge endpoint {self.endpoint} does not serve model {self.model!r}; "
-                             f"it serves: {names or 'nothing'}. Pass --model with one of them")
+            raise JudgeError(
+                f"the judge endpoint {self.endpoint} does not serve model {self.model!r}; "
+                f"it serves: {names or 'nothing'}. Pass --model with one of them"
+            )
         return served
 
     async def aclose(self) -> None:

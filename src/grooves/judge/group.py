@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.agreement import mean_abs_diff
 from grooves.judge.ask import ask
 from grooves.judge.cache import cache_key
@@ -28,7 +29,6 @@ from grooves.judge.prompt import group_messages, render_messages, shown_texts, s
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score
 from grooves.judge.verdict import ItemVerdict, parse_group
-from grooves.trajectory import TrajectoryGroup
 
 
 def display_ids(n: int) -> list[str]:
@@ -45,7 +45,12 @@ class GroupJudge:
     """Judges groups of outputs that answer the same context under one rubric."""
 
     def __init__(
-        self, client: JudgeClient, rubric: Rubric = DEFAULT_RUBRIC, *, seed: int = 0, judge_twice: bool = False
+        self,
+        client: JudgeClient,
+        rubric: Rubric = DEFAULT_RUBRIC,
+        *,
+        seed: int = 0,
+        judge_twice: bool = False,
     ) -> None:
         self.client = client
         self.rubric = rubric
@@ -59,14 +64,21 @@ class GroupJudge:
         random.Random(f"{self.seed}:{cache_key(conversations)}").shuffle(order)
         return order
 
-    async def _judge_in_order(self, context: str, texts: Sequence[str], order: list[int]) -> list[ItemVerdict]:
+    async def _judge_in_order(
+        self, context: str, texts: Sequence[str], order: list[int]
+    ) -> list[ItemVerdict]:
         """Judge texts shown in `order`; return verdicts indexed like `texts`."""
         ids = display_ids(len(texts))
         shown = [texts[i] for i in order]
         messages = group_messages(self.rubric, context, shown, ids)
         key = self.client.key(self.rubric.content_hash, {"mode": "group", "messages": messages})
-        by_id = await ask(self.client, messages, shown_texts(context, shown),
-                          lambda reply, seal: parse_group(reply, ids, self.rubric, seal), key)
+        by_id = await ask(
+            self.client,
+            messages,
+            shown_texts(context, shown),
+            lambda reply, seal: parse_group(reply, ids, self.rubric, seal),
+            key,
+        )
         verdicts: list[ItemVerdict | None] = [None] * len(texts)
         for shown, original in enumerate(order):
             verdicts[original] = by_id[ids[shown]]

@@ -31,7 +31,7 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 def _page(title: str, body: str) -> str:
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head>\n"
         f"<body><h1>{escape(title)}</h1>\n{body}</body></html>\n"
     )
@@ -53,7 +53,7 @@ def _criteria(r: ScoreRecord) -> str:
 def _records_table(records: Sequence[ScoreRecord], verdicts: dict[str, Verdict]) -> str:
     rows = [
         "<tr>"
-        f"<td>{escape(r.id)}</td><td class=\"num\">{_num(r.score)}</td><td>{_criteria(r)}</td>"
+        f'<td>{escape(r.id)}</td><td class="num">{_num(r.score)}</td><td>{_criteria(r)}</td>'
         f"<td>{escape(r.reason)}</td><td><pre>{escape(r.input)}</pre></td><td><pre>{escape(r.output)}</pre></td>"
         f"{_verdict_cell(verdicts.get(r.id))}</tr>"
         for r in records
@@ -63,8 +63,13 @@ def _records_table(records: Sequence[ScoreRecord], verdicts: dict[str, Verdict])
 
 
 def inspect_page(
-    tag: str, records: Sequence[ScoreRecord], top: Sequence[ScoreRecord], bottom: Sequence[ScoreRecord],
-    verdicts: dict[str, Verdict], ties: Sequence[Ties | None] = (None, None), labelled: Sequence[ScoreRecord] = (),
+    tag: str,
+    records: Sequence[ScoreRecord],
+    top: Sequence[ScoreRecord],
+    bottom: Sequence[ScoreRecord],
+    verdicts: dict[str, Verdict],
+    ties: Sequence[Ties | None] = (None, None),
+    labelled: Sequence[ScoreRecord] = (),
 ) -> str:
     """The highest and lowest scored items with reasons, the person's labelled items, and the failures."""
     failed = [r for r in records if r.score is None]
@@ -75,7 +80,9 @@ def inspect_page(
     body = summary + f"<h2>Highest {len(top)}</h2>\n" + _ties(ties[0]) + _records_table(top, verdicts)
     body += f"<h2>Lowest {len(bottom)}</h2>\n" + _ties(ties[1]) + _records_table(bottom, verdicts)
     if labelled:
-        body += f"<h2>Labelled by you, not shown above ({len(labelled)})</h2>\n" + _records_table(labelled, verdicts)
+        body += f"<h2>Labelled by you, not shown above ({len(labelled)})</h2>\n" + _records_table(
+            labelled, verdicts
+        )
     if failed:
         items = "".join(f"<li><code>{escape(r.id)}</code>: {escape(r.error or '')}</li>" for r in failed)
         body += f"<h2>Failed judgments ({len(failed)})</h2><ul>{items}</ul>\n"
@@ -89,8 +96,10 @@ def _ties(t: Ties | None) -> str:
 def _person_row(name: str, p: PersonAgreement | None) -> str:
     if p is None:
         return ""
-    return (f"<tr><td>{escape(name)}</td><td class=\"num\">{p.n}</td><td class=\"num\">{_num(p.agree_fraction)}</td>"
-            f"<td class=\"num\">{_num(p.mean_score_good)}</td><td class=\"num\">{_num(p.mean_score_bad)}</td></tr>")
+    return (
+        f'<tr><td>{escape(name)}</td><td class="num">{p.n}</td><td class="num">{_num(p.agree_fraction)}</td>'
+        f'<td class="num">{_num(p.mean_score_good)}</td><td class="num">{_num(p.mean_score_bad)}</td></tr>'
+    )
 
 
 def _score_cell(score: float | None, v: Verdict | None, threshold: float) -> str:
@@ -102,8 +111,14 @@ def _score_cell(score: float | None, v: Verdict | None, threshold: float) -> str
 
 
 def compare_page(
-    tag_a: str, tag_b: str, agree: Agreement, a: Sequence[ScoreRecord], b: Sequence[ScoreRecord],
-    person: tuple[PersonAgreement, PersonAgreement] | None, verdicts: dict[str, Verdict], threshold: float = 0.5,
+    tag_a: str,
+    tag_b: str,
+    agree: Agreement,
+    a: Sequence[ScoreRecord],
+    b: Sequence[ScoreRecord],
+    person: tuple[PersonAgreement, PersonAgreement] | None,
+    verdicts: dict[str, Verdict],
+    threshold: float = 0.5,
     warnings: Sequence[str] = (),
 ) -> str:
     """Agreement between two score files (and with the person), items sorted by disagreement.
@@ -115,8 +130,8 @@ def compare_page(
         f"<p>A = <code>{escape(tag_a)}</code><br>B = <code>{escape(tag_b)}</code></p>\n"
         + "".join(f'<p class="bad">warning: {escape(w)}</p>\n' for w in warnings)
         + "<table><tr><th>items scored by both</th><th>Pearson</th><th>Spearman</th><th>mean |A - B|</th></tr>"
-        f"<tr><td class=\"num\">{agree.n}</td><td class=\"num\">{_num(agree.pearson)}</td>"
-        f"<td class=\"num\">{_num(agree.spearman)}</td><td class=\"num\">{_num(agree.mean_abs_diff)}</td></tr></table>\n"
+        f'<tr><td class="num">{agree.n}</td><td class="num">{_num(agree.pearson)}</td>'
+        f'<td class="num">{_num(agree.spearman)}</td><td class="num">{_num(agree.mean_abs_diff)}</td></tr></table>\n'
     )
     if person is not None:
         body += (
@@ -134,6 +149,8 @@ def compare_page(
         f"{_verdict_cell(verdicts.get(ra.id))}</tr>"
         for ra, rb in pairs
     )
-    body += ("<h2>Items, largest disagreement first</h2><table><tr><th>id</th><th>A</th><th>B</th><th>reason A</th>"
-             f"<th>reason B</th><th>output</th><th>label</th></tr>{rows}</table>\n")
+    body += (
+        "<h2>Items, largest disagreement first</h2><table><tr><th>id</th><th>A</th><th>B</th><th>reason A</th>"
+        f"<th>reason B</th><th>output</th><th>label</th></tr>{rows}</table>\n"
+    )
     return _page("Judge comparison", body)

@@ -44,7 +44,9 @@ def render_message(message: dict[str, Any]) -> str:
     parts = [f"[{role}] {content or ''}".rstrip()]
     for call in message.get("tool_calls") or []:
         fn = call.get("function", call) if isinstance(call, dict) else {}
-        parts.append(f"[{role} calls tool] {json.dumps({'name': fn.get('name'), 'arguments': fn.get('arguments')})}")
+        parts.append(
+            f"[{role} calls tool] {json.dumps({'name': fn.get('name'), 'arguments': fn.get('arguments')})}"
+        )
     return "\n".join(parts)
 
 
@@ -155,11 +157,15 @@ _IGNORE = (
 
 
 def _nonce_line() -> str:
-    return (f'Begin the object with "nonce": "{NONCE_SLOT}", copied exactly from here; the responses never saw '
-            "this value, so it shows the verdict is yours.")
+    return (
+        f'Begin the object with "nonce": "{NONCE_SLOT}", copied exactly from here; the responses never saw '
+        "this value, so it shows the verdict is yours."
+    )
 
 
-def group_messages(rubric: Rubric, context: str, responses: Sequence[str], ids: Sequence[str]) -> list[dict[str, str]]:
+def group_messages(
+    rubric: Rubric, context: str, responses: Sequence[str], ids: Sequence[str]
+) -> list[dict[str, str]]:
     """Chat messages asking the judge to score `responses` (already in display order) under `rubric`.
 
     The system message holds `NONCE_SLOT`; `with_nonce` fills it in just before sending.

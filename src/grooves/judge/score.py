@@ -12,9 +12,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.rubric import Rubric
 from grooves.judge.verdict import ItemVerdict
-from grooves.trajectory import TrajectoryGroup
 
 JudgeMode = Literal["group", "absolute"]
 

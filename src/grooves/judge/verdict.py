@@ -104,11 +104,15 @@ def read_verdict(text: str, seal: Seal) -> dict[str, Any]:
         )
     objects = json_objects(text)
     if not objects:
-        raise InvalidJudgment(f"the reply is not valid JSON (no JSON object found): {_snippet(text) if text.strip() else 'empty reply'}")
+        raise InvalidJudgment(
+            f"the reply is not valid JSON (no JSON object found): {_snippet(text) if text.strip() else 'empty reply'}"
+        )
     judged = [t for t in seal.judged if t.strip()]
     own = [(s, e, v) for s, e, v in objects if not any(text[s:e] in t for t in judged)]
     if not own:
-        raise InvalidJudgment("the only JSON in the reply is copied from the responses being judged; write your own verdict")
+        raise InvalidJudgment(
+            "the only JSON in the reply is copied from the responses being judged; write your own verdict"
+        )
     sealed = [(s, e, v) for s, e, v in own if v.get("nonce") == seal.nonce]
     if not sealed:
         found = [v["nonce"] for _, _, v in own if "nonce" in v]
@@ -131,9 +135,15 @@ def _item_errors(item: Any, where: str, rubric: Rubric) -> tuple[list[str], Item
         errors.append(f'{where} needs a "reason" string before its criteria')
     crits = item.get("criteria")
     if not isinstance(crits, dict):
-        return errors + [f'{where} needs a "criteria" object with keys {", ".join(c.name for c in rubric.criteria)}'], None
+        return errors + [
+            f'{where} needs a "criteria" object with keys {", ".join(c.name for c in rubric.criteria)}'
+        ], None
     known = {c.name for c in rubric.criteria}
-    errors += [f'{where}: unknown criterion "{k}" (allowed: {", ".join(sorted(known))})' for k in crits if k not in known]
+    errors += [
+        f'{where}: unknown criterion "{k}" (allowed: {", ".join(sorted(known))})'
+        for k in crits
+        if k not in known
+    ]
     values: dict[str, float] = {}
     for c in rubric.criteria:
         if c.name not in crits:

@@ -7,10 +7,10 @@ as one batch on a worker thread (the event loop stays free for HTTP while torch 
 
 The wait is a quiet window, not a fixed one: it ends when no request has arrived for `window_s`
 (or after `max_wait_s` in all). The rollouts of one GRPO group reach the scheduler a few
-milliseconds apart (each renders its chat template first, more slowly on a busy machine); a fixed
-window split such a group into two batches, and the second waited for the whole first decode,
-doubling the step's generation time. Decoding is memory-bound on CPU, so a larger batch costs
-little more than a small one and waiting a few milliseconds more is cheap.
+milliseconds apart (each renders its chat template first, more slowly on a busy machine), and a
+window of fixed length can close in the middle of a group: its second part would then wait for
+the whole decode of the first. Decoding is memory-bound on CPU, so a larger batch costs little
+more than a small one and waiting a few milliseconds more is cheap (docs/speed.md, change 1).
 
 With several LoRA adapters served on one base, a batch is split by adapter and each part is
 sampled with its adapter active, one part after the other. (peft can mix adapters within one
@@ -42,7 +42,7 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     adapter: str | None = None
-    """Extra adapter to sample with (`policy.load_adapter`); None: the policy's own weights."""
+    """Extra adapter to sample with (`policy.adapters.load`); None: the policy's own weights."""
     cancelled: bool = False
     """Set from the event loop when the caller stopped waiting; read by the sampler thread."""
 
@@ -77,7 +77,9 @@ class BatchScheduler:
         self._thread = threading.Thread(target=self._run, name="grooves-sampler", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt: list[int], params: SamplingParams, adapter: str | None = None) -> list[Completion]:
+    async def submit(
+        self, prompt: list[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
         """The request's completions; cancelling the awaiting task withdraws the request from the sampler."""
         if not self._thread.is_alive():
             raise RuntimeError("the sampler was closed")
@@ -119,7 +121,9 @@ class BatchScheduler:
         rows = jobs[0].params.n
         deadline = time.monotonic() + self.max_wait_s
         while rows < self.max_batch_rows:
-            timeout = min(self.window_s, deadline - time.monotonic())  # quiet for window_s: the batch is complete
+            timeout = min(
+                self.window_s, deadline - time.monotonic()
+            )  # quiet for window_s: the batch is complete
             try:
                 job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:

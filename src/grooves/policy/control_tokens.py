@@ -15,7 +15,7 @@ system turn of its own. `ControlTextGuard` prevents that:
 Control tokens are the tokenizer's special tokens plus the added tokens the chat template
 writes itself (such as Qwen's `<tool_call>`), the set `transformers` uses for its own
 `sanitize_control_tokens`. That option needs `tokenize=True`; the policy renders text first, to
-splice earlier turns' sampled ids in (see `transformers_policy.render`), so it marks and encodes
+splice earlier turns' sampled ids in (see `TransformersPolicy.render`), so it marks and encodes
 here. Plain-text encoding uses a copy of the tokenizer that always splits special tokens:
 switching one shared tokenizer back and forth would race between threads that render at once.
 """
@@ -46,12 +46,16 @@ class ControlTextGuard:
         self.tokenizer = tokenizer
         self._as_text = copy.deepcopy(tokenizer)
         self._as_text.split_special_tokens = True  # this copy never matches special tokens in text
-        self._as_text("", add_special_tokens=False)  # its first call sets the backend's flag: done here, before any thread
+        self._as_text(
+            "", add_special_tokens=False
+        )  # its first call sets the backend's flag: done here, before any thread
         tokens = control_tokens(tokenizer)
         self._control = re.compile("|".join(map(re.escape, tokens)) or "(?!)")  # (?!) matches nothing
         nonce = secrets.token_hex(8)
         self._open, self._close = f"ctl{nonce}a", f"ctl{nonce}z"
-        self._marked = re.compile(f"{self._open}({self._control.pattern}){self._close}|{self._open}|{self._close}")
+        self._marked = re.compile(
+            f"{self._open}({self._control.pattern}){self._close}|{self._open}|{self._close}"
+        )
         self._newline = self._encode_plain("\n")
 
     def mark(self, obj: Any) -> Any:
@@ -64,6 +68,14 @@ class ControlTextGuard:
             return [self.mark(v) for v in obj]
         return obj
 
+    def find(self, text: str, token: str, start: int = 0) -> int:
+        """Where the template itself wrote `token` in rendered `text`, at or after `start` (-1: nowhere);
+        occurrences that came from the request (marked) are skipped."""
+        at = text.find(token, start)
+        while at >= 0 and text[max(at - len(self._open), 0) : at] == self._open:
+            at = text.find(token, at + len(token))
+        return at
+
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered `text`: marked strings as plain text, everything else as the tokenizer reads it."""
         # [text, marked, text, marked, ..., text]; a lone marker (a template that cut a marked string,
@@ -75,14 +87,6 @@ class ControlTextGuard:
             if piece:
                 ids += self._encode_piece(piece, as_text=i % 2 == 1)
         return ids
-
-    def find_written(self, text: str, token: str, start: int = 0) -> int:
-        """Where the template itself wrote control token `token` in rendered `text`, from `start`
-        (-1 if nowhere): occurrences inside marked message text are skipped."""
-        at = text.find(token, start)
-        while at >= 0 and text.startswith(self._open, at - len(self._open)):
-            at = text.find(token, at + 1)
-        return at
 
     def unmark(self, text: str) -> str:
         """Rendered `text` as the model reads it: the markers removed, marked strings kept."""

@@ -5,9 +5,12 @@ distribution it was drawn from, (2) one prefill per distinct prompt even when it
 times (a GRPO group shares its prompt), and (3) several different requests decoded together.
 
 The loop: prefill the distinct prompts once (their long shared start, such as an environment's
-system prompt, once for all of them), repeat each row of the KV cache for its n samples, then decode one token per step for all rows, dropping finished rows from the cache
-so late steps cost only what is still running. The decode steps of Llama/Qwen2 models run on a
-leaner forward of our own, the same function in fewer ops (`policy/decode.py`).
+system prompt and tool list, once for all of them), repeat each row of the KV cache for its n
+samples, then decode one token per step for all rows, dropping finished rows from the cache
+so late steps cost only what is still running. Decode steps run through transformers' forward
+(`TransformersDecode`) unless the caller passes another decoder: a transformers policy's
+`Sampler` (`policy/sampler.py`) passes the fast paths' (`policy/fast/`), a leaner forward for
+Llama/Qwen2 models.
 
 Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full distribution at
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
@@ -19,12 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from grooves.forward import kept_positions
-from grooves.policy.decode import MatmulPlan, decoder_for
+from grooves.core.forward import kept_positions
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
@@ -46,7 +48,52 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    finish_reason: (
+        str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
+    )
+
+
+class Decoder(Protocol):
+    """Decode steps after a prefill: one token per row in, next-token logits out."""
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, index: torch.Tensor) -> None: ...
+
+
+DecoderFactory = Callable[..., Decoder]
+"""`(model, cache, mask [R, P], capacity) -> Decoder`, called once per batch after its prefill;
+`capacity` bounds the sequence length (prompt width + the most new tokens any row may take)."""
+
+
+class TransformersDecode:
+    """Decode steps through the model's own forward and a `DynamicCache`."""
+
+    def __init__(self, model, cache, mask: torch.Tensor):
+        self.model, self.cache, self.mask = model, cache, mask  # mask [R, P]: 1 = a real token
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (tokens, positions: [R]); returns the next-token logits [R, V] in float32."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :].float()
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only these rows (finished rows leave the batch)."""
+        self.cache.reorder_cache(index)
+        self.mask = self.mask[index]
+
+
+def plain_decoder(model, cache, mask: torch.Tensor, capacity: int) -> TransformersDecode:
+    """transformers' forward for every decode step (`capacity` is not needed: its cache grows)."""
+    return TransformersDecode(model, cache, mask)
 
 
 @dataclass
@@ -121,15 +168,12 @@ def sample(
     *,
     eos_token_ids: set[int],
     generator: torch.Generator | None = None,
-    fused: bool = True,
-    plan: MatmulPlan | None = None,
+    decoder: DecoderFactory = plain_decoder,
     cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
-    `fused` decodes Llama-family models with grooves' own lean forward (`policy/decode.py`);
-    False (or another model type) runs every decode step through the model's own forward.
-    `plan` (kept by the caller across batches) picks that forward's matmul form per row count.
+    `decoder` runs the decode steps after the prefill (default: the model's own forward).
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
     (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
@@ -139,7 +183,9 @@ def sample(
         raise ValueError("cancelled must have one entry per prompt")
     for i, p in enumerate(params):
         if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
-            raise ValueError(f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)")
+            raise ValueError(
+                f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
+            )
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     # identical prompts (a group's rollouts sent as separate requests) are prefilled once
@@ -160,7 +206,7 @@ def sample(
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]
-    decode = decoder_for(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0), fused=fused, plan=plan)
+    decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
     next_pos = positions[index, -1] + 1  # [R]
     active = list(range(len(rows)))
 
@@ -246,11 +292,21 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Any,
     cache = None
     if shared:
         head = torch.tensor([prompts[0][:shared]], device=device)  # [1, S]
-        cache = model(input_ids=head, use_cache=True, logits_to_keep=kept_positions(shared - 1, shared, device)).past_key_values
-        cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=device))  # [1, ...] -> [U, ...]
+        cache = model(
+            input_ids=head, use_cache=True, logits_to_keep=kept_positions(shared - 1, shared, device)
+        ).past_key_values
+        cache.reorder_cache(
+            torch.zeros(len(prompts), dtype=torch.long, device=device)
+        )  # [1, ...] -> [U, ...]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # [U, width]
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=kept_positions(width - 1, width, device))
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=kept_positions(width - 1, width, device),
+    )
     return out.past_key_values, out.logits[:, -1, :].float(), mask
 
 
@@ -266,4 +322,6 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         cut = text.find(s)
         if cut >= 0:
             text = text[:cut]
-    return Completion(token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length")
+    return Completion(
+        token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length"
+    )

@@ -73,7 +73,11 @@ def _call_text(tool_calls: list[dict[str, Any]]) -> str:
 def _new_call(name: str, arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
@@ -166,7 +170,9 @@ def _call_pair(call: dict[str, Any]) -> tuple[Any, Any]:
     return fn.get("name"), _maybe_json(fn.get("arguments", {}))
 
 
-def turn_problem(fmt: ToolFormat, text: str, message: dict[str, Any], tools: list[dict[str, Any]] | None) -> str | None:
+def turn_problem(
+    fmt: ToolFormat, text: str, message: dict[str, Any], tools: list[dict[str, Any]] | None
+) -> str | None:
     """Why `message` does not survive its own rendering, or None when it does.
 
     `text` is the assistant turn as the chat template writes it (what a model trained on it learns
@@ -185,8 +191,10 @@ def turn_problem(fmt: ToolFormat, text: str, message: dict[str, Any], tools: lis
         if not isinstance(args, dict):
             return f"the arguments of its {name!r} call are not a JSON object"
     if got != want:
-        return (f"its text parses as {len(got)} tool call(s) {[n for n, _ in got]}, not the {len(want)} it holds "
-                f"{[n for n, _ in want]} (tool-call markup in its content?)")
+        return (
+            f"its text parses as {len(got)} tool call(s) {[n for n, _ in got]}, not the {len(want)} it holds "
+            f"{[n for n, _ in want]} (tool-call markup in its content?)"
+        )
     content = _plain_content(message).strip()
     if (parsed.content or "").strip() != content:
         return f"its text parses back to the content {parsed.content!r}, not {content!r}"

@@ -1,6 +1,8 @@
-"""Human-readable pages about a run: the run report (`grooves report RUN_DIR`) and the watch's
-inspection pages. Plots are matplotlib PNGs inlined as base64, so every page is one file.
+"""The run report (`grooves report RUN_DIR`, also written at the end of every run): the run's
+curves, the watch's findings on the timeline, samples and config on one page. Plots are
+matplotlib PNGs inlined as base64, so the page is one file.
 
-This package imports nothing at load time: the watch imports its page writers lazily, and
-`import grooves.report.html` stays cheap for a trainer that never draws.
+The report reads what the trainer and the watch wrote; it never feeds back into a run. This
+package imports nothing at load time: `import grooves.report.html` stays cheap for a trainer
+that never draws.
 """

@@ -84,8 +84,15 @@ def _band(ax, rows: Sequence[Mapping[str, Any]], key: str, std_key: str) -> None
     pairs = [(s, m, by_step[s]) for s, m in zip(steps, means, strict=True) if s in by_step]
     if pairs:
         s, m, d = zip(*pairs, strict=True)
-        ax.fill_between(s, [a - b for a, b in zip(m, d, strict=True)], [a + b for a, b in zip(m, d, strict=True)],
-                        color="#1f77b4", alpha=0.15, lw=0, label="+-1 std")
+        ax.fill_between(
+            s,
+            [a - b for a, b in zip(m, d, strict=True)],
+            [a + b for a, b in zip(m, d, strict=True)],
+            color="#1f77b4",
+            alpha=0.15,
+            lw=0,
+            label="+-1 std",
+        )
 
 
 def _mark(ax, findings: Sequence[Finding]) -> None:
@@ -93,8 +100,14 @@ def _mark(ax, findings: Sequence[Finding]) -> None:
         color = SEVERITY_COLORS.get(f.severity, "#555")
         ax.axvline(f.step, color=color, lw=1.2, alpha=0.8, ls="--" if f.severity == "info" else "-")
         ax.annotate(  # staggered, so findings a step apart keep readable numbers
-            str(number), xy=(f.step, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10 - 9 * (number % 3)),
-            textcoords="offset points", color=color, fontsize=8, fontweight="bold",
+            str(number),
+            xy=(f.step, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -10 - 9 * (number % 3)),
+            textcoords="offset points",
+            color=color,
+            fontsize=8,
+            fontweight="bold",
         )
 
 
@@ -115,7 +128,9 @@ def key_groups(
     lengths = [k for k in keys if ("tokens" in k or "length" in k) and k not in rewards]
     watch_keys = sorted({k for row in watch_rows for k, v in row.items() if _number(v)} - {"step"})
     metric_watch = [k for k in keys if k.startswith("watch/")]
-    taken = set(rewards) | set(bands.values()) | set(checks) | set(lengths) | set(metric_watch) | {"reward_std"}
+    taken = (
+        set(rewards) | set(bands.values()) | set(checks) | set(lengths) | set(metric_watch) | {"reward_std"}
+    )
     rest = [k for k in keys if k not in taken and not k.startswith("reward/")]
     rest = [k for k in TRAINING_FIRST if k in rest] + [k for k in rest if k not in TRAINING_FIRST]
     sections = [

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grooves.config.watch import WatchConfig
+from grooves.core.trajectory import TrajectoryGroup, read_groups
 from grooves.jsonl import read_jsonl
-from grooves.trajectory import TrajectoryGroup, read_groups
-from grooves.watch.config import WatchConfig
 from grooves.watch.core import Watch
 from grooves.watch.finding import Finding, read_findings
 
@@ -57,7 +57,9 @@ def load_run(path: str | Path) -> RunData:
         raise FileNotFoundError(f"{path} is not a directory; pass the run directory the trainer wrote")
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.exists():
-        raise FileNotFoundError(f"no metrics.jsonl in {path}: not a run directory, or the run wrote no step yet")
+        raise FileNotFoundError(
+            f"no metrics.jsonl in {path}: not a run directory, or the run wrote no step yet"
+        )
     metrics = read_jsonl(metrics_path)
     for i, row in enumerate(metrics):
         row.setdefault("step", i)

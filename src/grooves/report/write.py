@@ -23,7 +23,9 @@ def write_report(
     findings, watch_rows = run_watch(run) if rewatch else (run.findings, run.watch_stats)
     path = Path(out) if out is not None else run_dir / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = report_page(run, findings, watch_rows, sample_steps=sample_steps, picks=picks, links_from=path.parent)
+    text = report_page(
+        run, findings, watch_rows, sample_steps=sample_steps, picks=picks, links_from=path.parent
+    )
     path.write_text(text, encoding="utf-8")
     images = text.count("data:image/png;base64,")
     return path, f"wrote {path}: {len(run.metrics)} steps, {len(findings)} findings, {images} figures"

@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.judge.client import JudgeClient, TokenUsage
 from grooves.judge.errors import JudgeError
 from grooves.judge.score import Judge
 from grooves.rewards.model import RewardModel
-from grooves.trajectory import Trajectory, TrajectoryGroup
 
 RewardFn = Callable[[Trajectory, dict[str, Any]], float]
 """`reward(trajectory, scenario) -> float` (may also be `async def`)."""
@@ -98,7 +98,9 @@ class JudgeSignal:
         judgment = await self.judge.judge_group(group)
         for traj, score in zip(group.ok, judgment.scores, strict=True):
             traj.metadata.setdefault("judge", {})[self.name] = {
-                "reason": score.reason, "criteria": score.criteria, "rubric": f"{score.rubric}@{score.rubric_version}",
+                "reason": score.reason,
+                "criteria": score.criteria,
+                "rubric": f"{score.rubric}@{score.rubric_version}",
                 "rubric_hash": score.rubric_hash,
             }
             if judgment.position_bias is not None:
@@ -139,7 +141,9 @@ def gate(name: str, signal: GroupSignal | Judge | RewardFn, threshold: float = 0
     elif callable(signal):
         sig = CodeSignal(signal)
     else:
-        raise TypeError(f"gate {name!r}: expected a GroupSignal, Judge or reward function, got {type(signal).__name__}")
+        raise TypeError(
+            f"gate {name!r}: expected a GroupSignal, Judge or reward function, got {type(signal).__name__}"
+        )
     return Term(name, sig, weight=0.0, gate=threshold)
 
 
@@ -188,12 +192,18 @@ class StepScores:
         return (self.judge_items - self.judge_failures) / self.judge_items if self.judge_items else math.nan
 
     def metrics(self) -> dict[str, float]:
-        out = {"reward_groups_dropped": float(self.groups_dropped),
-               "reward_trajectories_gated": float(self.trajectories_gated),
-               "reward_trajectories_failed": float(self.trajectories_failed)}
+        out = {
+            "reward_groups_dropped": float(self.groups_dropped),
+            "reward_trajectories_gated": float(self.trajectories_gated),
+            "reward_trajectories_failed": float(self.trajectories_failed),
+        }
         out |= {f"reward_{k}_mean": v for k, v in self.signal_means.items()}
-        out |= {"judge_items": float(self.judge_items), "judge_failures": float(self.judge_failures),
-                "judge_coverage": self.judge_coverage, "judge_seconds": self.judge_seconds}
+        out |= {
+            "judge_items": float(self.judge_items),
+            "judge_failures": float(self.judge_failures),
+            "judge_coverage": self.judge_coverage,
+            "judge_seconds": self.judge_seconds,
+        }
         return out | self.judge_usage.metrics()
 
 
@@ -206,7 +216,9 @@ class Composite:
         names = [t.name for t in terms]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"signal names must be unique (they key trajectory.rewards); repeated: {', '.join(dupes)}")
+            raise ValueError(
+                f"signal names must be unique (they key trajectory.rewards); repeated: {', '.join(dupes)}"
+            )
         self.terms = list(terms)
 
     def _drop(self, group: TrajectoryGroup, name: str, exc: Exception, done: float | None) -> GroupScore:
@@ -239,7 +251,9 @@ class Composite:
             if isinstance(res, BaseException):
                 raise res
             if len(res) != len(ok):
-                raise RuntimeError(f"signal {term.name!r} returned {len(res)} scores for {len(ok)} trajectories")
+                raise RuntimeError(
+                    f"signal {term.name!r} returned {len(res)} scores for {len(ok)} trajectories"
+                )
         gated = 0
         for i, traj in enumerate(ok):
             values = {t.name: res[i] for t, res in zip(self.terms, results, strict=True)}  # type: ignore[index]
@@ -260,11 +274,16 @@ class Composite:
         """Score one step's groups concurrently; returns the step's reward and judge-cost metrics."""
         start = time.perf_counter()
         results = await asyncio.gather(*(self.score_group(g) for g in groups))
-        stats = StepScores(groups=len(groups), groups_dropped=sum(r.dropped for r in results),
-                           trajectories_gated=sum(r.gated for r in results))
+        stats = StepScores(
+            groups=len(groups),
+            groups_dropped=sum(r.dropped for r in results),
+            trajectories_gated=sum(r.gated for r in results),
+        )
         stats.judge_items = sum(r.judged for r in results)
         stats.judge_failures = sum(r.judged for r in results if r.dropped)
-        stats.judge_seconds = max((r.judge_done - start for r in results if r.judge_done is not None), default=0.0)
+        stats.judge_seconds = max(
+            (r.judge_done - start for r in results if r.judge_done is not None), default=0.0
+        )
         stats.trajectories_failed = sum(1 for g in groups for t in g.trajectories if t.error is not None)
         for t in self.terms:
             values = [traj.rewards[t.name] for g in groups for traj in g.ok if t.name in traj.rewards]

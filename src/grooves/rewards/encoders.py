@@ -65,7 +65,9 @@ class HashedNgramEncoder:
         tokens = _TOKEN.findall(text.lower())
         for n in self.ngrams:
             for i in range(len(tokens) - n + 1):
-                digest = hashlib.blake2b(f"{prefix}{' '.join(tokens[i : i + n])}".encode(), digest_size=8).digest()
+                digest = hashlib.blake2b(
+                    f"{prefix}{' '.join(tokens[i : i + n])}".encode(), digest_size=8
+                ).digest()
                 h = int.from_bytes(digest, "little")
                 # the sign bit keeps collisions from biasing a bucket upward (signed hashing trick)
                 bucket = h % self._dim
@@ -84,14 +86,26 @@ class HashedNgramEncoder:
         return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "hashed-ngrams", "dim": self._dim, "ngrams": list(self.ngrams), "use_input": self.use_input}
+        return {
+            "kind": "hashed-ngrams",
+            "dim": self._dim,
+            "ngrams": list(self.ngrams),
+            "use_input": self.use_input,
+        }
 
 
 class HiddenStateEncoder:
     """Mean-pooled last hidden state of a causal LM, over the tokens of the rendered pair."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_dir: str | None = None, max_length: int = 512,
-                 batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_dir: str | None = None,
+        max_length: int = 512,
+        batch_size: int = 8,
+    ) -> None:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -105,14 +119,21 @@ class HiddenStateEncoder:
         self.batch_size = batch_size
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, *, max_length: int = 512, batch_size: int = 8) -> HiddenStateEncoder:
+    def from_dir(
+        cls, model_dir: str | Path, *, max_length: int = 512, batch_size: int = 8
+    ) -> HiddenStateEncoder:
         """Load a transformers causal LM directory (e.g. `grooves.models.ensure_model()`) in float32."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = str(Path(model_dir).expanduser())
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return cls(model, AutoTokenizer.from_pretrained(path), model_dir=path, max_length=max_length,
-                   batch_size=batch_size)
+        return cls(
+            model,
+            AutoTokenizer.from_pretrained(path),
+            model_dir=path,
+            max_length=max_length,
+            batch_size=batch_size,
+        )
 
     @property
     def dim(self) -> int:
@@ -129,10 +150,19 @@ class HiddenStateEncoder:
         chunks = []
         for start in range(0, len(pairs), self.batch_size):
             texts = [self.render(p) for p in pairs[start : start + self.batch_size]]
-            batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                                   max_length=self.max_length, add_special_tokens=False)
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             output_hidden_states=True)
+            batch = self.tokenizer(
+                texts,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=False,
+            )
+            out = self.model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_hidden_states=True,
+            )
             hidden = out.hidden_states[-1].float()  # [B, T, H]
             mask = batch["attention_mask"].unsqueeze(-1).float()  # [B, T, 1]
             chunks.append((hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0))  # [B, H]
@@ -140,18 +170,27 @@ class HiddenStateEncoder:
 
     def spec(self) -> dict[str, Any]:
         if self.model_dir is None:
-            raise ValueError("this HiddenStateEncoder was built from an in-memory model; build it with "
-                             "HiddenStateEncoder.from_dir(path) so a saved reward model can find it again")
-        return {"kind": "hidden-states", "model_dir": self.model_dir, "max_length": self.max_length,
-                "batch_size": self.batch_size}
+            raise ValueError(
+                "this HiddenStateEncoder was built from an in-memory model; build it with "
+                "HiddenStateEncoder.from_dir(path) so a saved reward model can find it again"
+            )
+        return {
+            "kind": "hidden-states",
+            "model_dir": self.model_dir,
+            "max_length": self.max_length,
+            "batch_size": self.batch_size,
+        }
 
 
 def encoder_from_spec(spec: dict[str, Any]) -> Encoder:
     """Rebuild an encoder from its `spec()`."""
     kind = spec.get("kind")
     if kind == "hashed-ngrams":
-        return HashedNgramEncoder(dim=int(spec["dim"]), ngrams=tuple(spec["ngrams"]), use_input=bool(spec["use_input"]))
+        return HashedNgramEncoder(
+            dim=int(spec["dim"]), ngrams=tuple(spec["ngrams"]), use_input=bool(spec["use_input"])
+        )
     if kind == "hidden-states":
-        return HiddenStateEncoder.from_dir(spec["model_dir"], max_length=int(spec["max_length"]),
-                                           batch_size=int(spec["batch_size"]))
+        return HiddenStateEncoder.from_dir(
+            spec["model_dir"], max_length=int(spec["max_length"]), batch_size=int(spec["batch_size"])
+        )
     raise ValueError(f"unknown encoder kind {kind!r}; known: hashed-ngrams, hidden-states")

@@ -115,8 +115,9 @@ class MLPHead:
 
     kind = "mlp"
 
-    def __init__(self, hidden: int = 64, epochs: int = 300, lr: float = 3e-3, l2: float | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, hidden: int = 64, epochs: int = 300, lr: float = 3e-3, l2: float | None = None, seed: int = 0
+    ) -> None:
         self.hidden, self.epochs, self.lr, self.l2, self.seed = hidden, epochs, lr, l2, seed
         self.net: torch.nn.Sequential | None = None
         self.mean = torch.zeros(0)
@@ -125,7 +126,9 @@ class MLPHead:
 
     def _build(self, d: int) -> torch.nn.Sequential:
         torch.manual_seed(self.seed)
-        return torch.nn.Sequential(torch.nn.Linear(d, self.hidden), torch.nn.GELU(), torch.nn.Linear(self.hidden, 1))
+        return torch.nn.Sequential(
+            torch.nn.Linear(d, self.hidden), torch.nn.GELU(), torch.nn.Linear(self.hidden, 1)
+        )
 
     def _train(self, xs: torch.Tensor, ys: torch.Tensor, l2: float) -> torch.nn.Sequential:
         net = self._build(xs.shape[1])
@@ -167,8 +170,11 @@ class MLPHead:
     def state(self) -> dict[str, torch.Tensor]:
         assert self.net is not None
         out = {f"net.{k}": v.contiguous() for k, v in self.net.state_dict().items()}
-        return out | {"mean": self.mean.contiguous(), "scale": self.scale.contiguous(),
-                      "y_mean_std": self.y_mean_std.contiguous()}
+        return out | {
+            "mean": self.mean.contiguous(),
+            "scale": self.scale.contiguous(),
+            "y_mean_std": self.y_mean_std.contiguous(),
+        }
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.mean, self.scale, self.y_mean_std = state["mean"], state["scale"], state["y_mean_std"]
@@ -183,8 +189,13 @@ def head_from_saved(kind: str, params: dict[str, Any], state: dict[str, torch.Te
     if kind == "ridge":
         head = RidgeHead(l2=params["l2"], seed=int(params["seed"]))
     elif kind == "mlp":
-        head = MLPHead(hidden=int(params["hidden"]), epochs=int(params["epochs"]), lr=float(params["lr"]),
-                       l2=params["l2"], seed=int(params["seed"]))
+        head = MLPHead(
+            hidden=int(params["hidden"]),
+            epochs=int(params["epochs"]),
+            lr=float(params["lr"]),
+            l2=params["l2"],
+            seed=int(params["seed"]),
+        )
     else:
         raise ValueError(f"unknown head kind {kind!r}; known: ridge, mlp")
     head.load_state(state)

@@ -24,11 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import load_file, save_file
 
+from grooves.core.trajectory import Trajectory
 from grooves.judge.agreement import mean_abs_diff, pearson, spearman
 from grooves.judge.prompt import conversation_pair
 from grooves.rewards.encoders import Encoder, Pair, encoder_from_spec
 from grooves.rewards.heads import Head, head_from_saved
-from grooves.trajectory import Trajectory
 
 FORMAT = 1
 
@@ -117,11 +117,15 @@ class RewardModel:
             raise FileNotFoundError(f"{path} is not a saved reward model (no reward_model.json)")
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
-            raise ValueError(f"{meta_file}: format {meta.get('format')!r}, this grooves reads format {FORMAT}")
+            raise ValueError(
+                f"{meta_file}: format {meta.get('format')!r}, this grooves reads format {FORMAT}"
+            )
         if encoder is not None and encoder.spec() != meta["encoder"]:
             raise ValueError(f"encoder {encoder.spec()} does not match the saved one {meta['encoder']}")
         encoder = encoder or encoder_from_spec(meta["encoder"])
-        head = head_from_saved(meta["head"]["kind"], meta["head"]["params"], load_file(str(path / "head.safetensors")))
+        head = head_from_saved(
+            meta["head"]["kind"], meta["head"]["params"], load_file(str(path / "head.safetensors"))
+        )
         report = FitReport(**meta["report"]) if meta.get("report") else None
         return cls(encoder, head, report)
 
@@ -147,7 +151,11 @@ def train_reward_model(
     pred = [float(v) for v in head.predict(x[test])]
     truth = [float(v) for v in y[test]]
     report = FitReport(
-        n_train=len(train), n_test=len(test), pearson=pearson(pred, truth), spearman=spearman(pred, truth),
-        mean_abs_error=mean_abs_diff(pred, truth), head=head.params(),
+        n_train=len(train),
+        n_test=len(test),
+        pearson=pearson(pred, truth),
+        spearman=spearman(pred, truth),
+        mean_abs_error=mean_abs_diff(pred, truth),
+        head=head.params(),
     )
     return RewardModel(encoder, head, report)

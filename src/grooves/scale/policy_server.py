@@ -13,13 +13,21 @@ import socket
 import threading
 import time
 
-from grooves.server import create_app
+from grooves.serve.app import create_app
 
 
 class ThreadedServer:
     """`ThreadedServer(app)` listens at once on `base_url`; `close()` (or leaving `with`) stops it."""
 
-    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        app,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+        timeout_s: float = 30.0,
+    ):
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -30,7 +38,9 @@ class ThreadedServer:
         self.base_url = f"http://{advertise or host}:{self.port}"
         config = uvicorn.Config(app, log_level="warning", access_log=False)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="grooves-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="grooves-http", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -53,7 +63,15 @@ class ThreadedServer:
 class PolicyServer(ThreadedServer):
     """A policy's OpenAI-compatible app; `url` is the base URL for an `openai` client."""
 
-    def __init__(self, policy, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        policy,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str | None = None,
+        timeout_s: float = 30.0,
+    ):
         self.app = create_app(policy)
         super().__init__(self.app, host=host, port=port, advertise=advertise, timeout_s=timeout_s)
         self.url = self.base_url + "/v1"

@@ -31,9 +31,10 @@ from typing import Any
 
 import ray
 
-from grooves.policy.handle import ModelHandle
+from grooves.core.gather import RolloutFn
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 from grooves.scale.policy_server import PolicyServer
-from grooves.trajectory import RolloutFn, Trajectory
 
 
 @ray.remote
@@ -50,12 +51,21 @@ class RolloutWorker:
         if self._client is None:
             from openai import AsyncOpenAI
 
-            self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=600.0)
+            self._client = AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=600.0
+            )
         return self._client
 
     async def run(self, spec: dict[str, Any], scenario: dict[str, Any]) -> str:
         """One rollout with the handle described by `spec`; the trajectory as JSON."""
-        model = ModelHandle(self._get_client(), spec["name"], spec["temperature"], spec["top_p"], spec["max_tokens"], seed=spec["seed"])
+        model = ModelHandle(
+            self._get_client(),
+            spec["name"],
+            spec["temperature"],
+            spec["top_p"],
+            spec["max_tokens"],
+            seed=spec["seed"],
+        )
         try:
             traj = await self.rollout(model, scenario)
             if not isinstance(traj, Trajectory):
@@ -76,20 +86,35 @@ def _send_code_by_value(rollout: RolloutFn) -> None:
 
 def handle_spec(model: ModelHandle) -> dict[str, Any]:
     """What an actor needs to rebuild `model` around its own client (the seed is already per rollout)."""
-    return {"name": model.name, "temperature": model.temperature, "top_p": model.top_p, "max_tokens": model.max_tokens, "seed": model.seed}
+    return {
+        "name": model.name,
+        "temperature": model.temperature,
+        "top_p": model.top_p,
+        "max_tokens": model.max_tokens,
+        "seed": model.seed,
+    }
 
 
 class RayRolloutRunner:
     """Sends each rollout to one of `num_workers` actors, round robin."""
 
-    def __init__(self, rollout: RolloutFn, base_url: str, *, address: str | None = None, num_workers: int = 2, max_concurrency: int = 256):
+    def __init__(
+        self,
+        rollout: RolloutFn,
+        base_url: str,
+        *,
+        address: str | None = None,
+        num_workers: int = 2,
+        max_concurrency: int = 256,
+    ):
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         _send_code_by_value(rollout)
         try:
             self._workers = [
-                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url) for _ in range(num_workers)
+                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url)
+                for _ in range(num_workers)
             ]
         except TypeError as exc:  # cloudpickle could not serialize the function or its task object
             raise TypeError(
@@ -121,7 +146,9 @@ class RayRollouts:
         self._owns_ray = owns_ray
 
     @classmethod
-    def start(cls, rollout: RolloutFn, policy, *, address: str | None, num_workers: int, host: str) -> RayRollouts:
+    def start(
+        cls, rollout: RolloutFn, policy, *, address: str | None, num_workers: int, host: str
+    ) -> RayRollouts:
         owns_ray = not ray.is_initialized()
         if owns_ray:
             ray.init(address=address, include_dashboard=False)

@@ -12,8 +12,8 @@ import importlib
 import inspect
 from typing import Any, Protocol
 
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 
 
 class Task(Protocol):
@@ -37,10 +37,6 @@ def _builtin(name: str):
         from grooves.tasks.toy import ToyTokensTask
 
         return ToyTokensTask
-    if name == "hn_titles":
-        from grooves.tasks.hn_titles import HNTitlesTask
-
-        return HNTitlesTask
     if name.startswith("env:"):
         from grooves.tasks.environment import EnvironmentTask
 
@@ -48,7 +44,7 @@ def _builtin(name: str):
     return None
 
 
-BUILTIN_TASKS = ("capitals", "toy_tokens", "hn_titles", "env:<environment>")
+BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
 
 class TaskLoadError(ValueError):
@@ -67,16 +63,22 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
     factory = _builtin(spec)
     if factory is None:
         if ":" not in spec:
-            raise TaskLoadError(f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path")
+            raise TaskLoadError(
+                f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path"
+            )
         module_name, _, attr = spec.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise TaskLoadError(f"task {spec!r}: cannot import {module_name}: {exc}") from exc
         except Exception as exc:  # the module's own code failed while importing; say how, on one line
-            raise TaskLoadError(f"task {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}") from exc
+            raise TaskLoadError(
+                f"task {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}"
+            ) from exc
         if not hasattr(module, attr):
-            raise TaskLoadError(f"task {spec!r}: cannot import: module {module_name} has no attribute {attr!r}")
+            raise TaskLoadError(
+                f"task {spec!r}: cannot import: module {module_name} has no attribute {attr!r}"
+            )
         factory = getattr(module, attr)
     is_instance = hasattr(factory, "rollout") and not isinstance(factory, type)
     if is_instance and options:
@@ -84,7 +86,9 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
     task = factory if is_instance else _construct(spec, factory, options)
     for needed in ("scenarios", "rollout"):
         if not hasattr(task, needed):
-            raise TaskLoadError(f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)")
+            raise TaskLoadError(
+                f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)"
+            )
     return task
 
 
@@ -103,4 +107,6 @@ def _construct(spec: str, factory, options: dict[str, Any]) -> Task:
         return factory(**options)
     except (TypeError, ValueError, KeyError, OSError) as exc:  # a bad option value, a missing data file
         where = "" if options else None
-        raise TaskLoadError(f"task {spec!r} could not be built: {type(exc).__name__}: {exc}", option=where) from exc
+        raise TaskLoadError(
+            f"task {spec!r} could not be built: {type(exc).__name__}: {exc}", option=where
+        ) from exc

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 from grooves.envs import get_env
 from grooves.envs.rollout import run_episode
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
 
 
 class EnvironmentTask:
-    def __init__(self, env_name: str, seed: int = 0, max_turns: int | None = None, success_threshold: float = 1.0):
+    def __init__(
+        self, env_name: str, seed: int = 0, max_turns: int | None = None, success_threshold: float = 1.0
+    ):
         self.env = get_env(env_name, seed=seed)
         self.name = f"env:{env_name}"
         self.max_turns = max_turns
@@ -27,8 +29,13 @@ class EnvironmentTask:
 
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         traj = await run_episode(
-            model, self.env, scenario, model=model.name, max_turns=self.max_turns,
-            temperature=model.temperature, max_tokens=model.max_tokens,
-        )  # fmt: skip
+            model,
+            self.env,
+            scenario,
+            model=model.name,
+            max_turns=self.max_turns,
+            temperature=model.temperature,
+            max_tokens=model.max_tokens,
+        )
         traj.metrics["success"] = float(traj.reward >= self.success_threshold)
         return traj

@@ -4,11 +4,8 @@ Training one adapter on several tasks at once keeps it from forgetting one while
 another. `TaskMixture` presents the members as one `Task`, so the trainer's loop does not change:
 
 - each training group comes from a task drawn at random with probability weight / sum(weights)
-  (seeded), and that task then gives its next scenario from its own `ScenarioStream` (a fresh
-  shuffled order each epoch, as in a single-task run);
-- the whole sampling state is one integer, the number of draws so far: the draws are a seeded
-  sequence and each task's position is how often it was drawn, so a checkpoint's `data_position`
-  restores it exactly (`MixtureStream.position = n` replays n draws);
+  (seeded), and that task then gives its next scenario from its own stream; the trainer's
+  `grooves.train.data.MixtureStream` draws them, resumably;
 - validation interleaves the tasks' validation splits round-robin, so the first
   `validation.scenarios` of them are balanced across tasks, and every task is measured each time;
 - each scenario carries its task's name under `mixture_task`; `task_metrics` turns that into
@@ -18,17 +15,14 @@ another. `TaskMixture` presents the members as one `Task`, so the trainer's loop
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from grooves.policy.handle import ModelHandle
+from grooves.config import ConfigError, RunConfig
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.tasks import Task, TaskLoadError, load_task
-from grooves.trajectory import Trajectory, TrajectoryGroup
-
-if TYPE_CHECKING:
-    from grooves.config import RunConfig
 
 TASK_KEY = "mixture_task"
 """Scenario key naming the member task a scenario belongs to."""
@@ -52,7 +46,9 @@ class TaskMixture:
             raise ValueError("a task mixture needs at least one task")
         names = [m.name for m in members]
         if len(set(names)) != len(names):
-            raise ValueError(f"task names in a mixture must be unique, got {names}; give repeated tasks a `name`")
+            raise ValueError(
+                f"task names in a mixture must be unique, got {names}; give repeated tasks a `name`"
+            )
         for m in members:
             if not m.weight > 0:
                 raise ValueError(f"task {m.name!r}: weight must be > 0, got {m.weight}")
@@ -78,69 +74,13 @@ class TaskMixture:
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         name = scenario.get(TASK_KEY)
         if name not in self._by_name:
-            raise ValueError(f"scenario has {TASK_KEY}={name!r}, not one of this mixture's tasks {sorted(self._by_name)}")
+            raise ValueError(
+                f"scenario has {TASK_KEY}={name!r}, not one of this mixture's tasks {sorted(self._by_name)}"
+            )
         inner = {k: v for k, v in scenario.items() if k != TASK_KEY}
         traj = await self._by_name[name].task.rollout(model, inner)
         traj.metadata["task"] = name
         return traj
-
-    def stream(self, seed: int, position: int = 0) -> MixtureStream:
-        return MixtureStream(self, seed, position)
-
-
-class MixtureStream:
-    """Training scenarios of a mixture: a seeded task draw per group, then that task's next scenario.
-
-    Same interface as `ScenarioStream` (`take(k)`, a settable `position`), so the trainer and its
-    checkpoints handle both alike.
-    """
-
-    def __init__(self, mixture: TaskMixture, seed: int, position: int = 0):
-        from grooves.trainer import ScenarioStream  # imported here: the trainer imports this module
-
-        self.mixture = mixture
-        self.seed = seed
-        self._streams = [ScenarioStream(m.task.scenarios("train"), seed) for m in mixture.members]
-        self.position = position
-
-    @property
-    def position(self) -> int:
-        """Number of groups drawn so far; setting it replays that many draws."""
-        return self._draws
-
-    @position.setter
-    def position(self, value: int) -> None:
-        self._rng = random.Random(f"grooves-mixture/{self.seed}")
-        self._draws = 0
-        for s in self._streams:
-            s.position = 0
-        counts = [0] * len(self._streams)
-        for i in self._draw(value):
-            counts[i] += 1
-        for s, n in zip(self._streams, counts, strict=True):
-            s.position = n
-
-    def _draw(self, k: int) -> list[int]:
-        picks = self._rng.choices(range(len(self._streams)), weights=self.mixture.probabilities, k=k)
-        self._draws += k
-        return picks
-
-    def take(self, k: int) -> list[tuple[int, dict[str, Any]]]:
-        out = []
-        for i in self._draw(k):
-            member = self.mixture.members[i]
-            (index, scenario), = self._streams[i].take(1)
-            out.append((index, {**scenario, TASK_KEY: member.name}))
-        return out
-
-
-def train_stream(task: Task, seed: int):
-    """The training-scenario stream of a task: a `MixtureStream` for a mixture, else a `ScenarioStream`."""
-    if isinstance(task, TaskMixture):
-        return task.stream(seed)
-    from grooves.trainer import ScenarioStream
-
-    return ScenarioStream(task.scenarios("train"), seed)
 
 
 def build_task(config: RunConfig) -> Task:
@@ -151,19 +91,21 @@ def build_task(config: RunConfig) -> Task:
     if not config.tasks:
         return _load(config.task, config.task_options, "task", "task_options")
     members = [
-        WeightedTask(e.name or e.task, _load(e.task, e.options, f"tasks.{i}.task", f"tasks.{i}.options"), e.weight)
+        WeightedTask(
+            e.name or e.task, _load(e.task, e.options, f"tasks.{i}.task", f"tasks.{i}.options"), e.weight
+        )
         for i, e in enumerate(config.tasks)
     ]
     return TaskMixture(members)
 
 
 def _load(spec: str, options: dict[str, Any], field: str, options_field: str) -> Task:
-    from grooves.config import ConfigError
-
     try:
         return load_task(spec, options)
     except TaskLoadError as exc:
-        where = field if exc.option is None else f"{options_field}.{exc.option}" if exc.option else options_field
+        where = (
+            field if exc.option is None else f"{options_field}.{exc.option}" if exc.option else options_field
+        )
         raise ConfigError(f"{where}: {str(exc).removeprefix('task ')}") from None
 
 
@@ -180,5 +122,7 @@ def task_metrics(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[st
         key = f"{prefix}task/{name}"
         out[f"{key}/groups"] = float(len(members))
         out[f"{key}/reward_mean"] = sum(t.reward for t in trajs) / len(trajs) if trajs else float("nan")
-        out[f"{key}/success_rate"] = sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs) if trajs else float("nan")
+        out[f"{key}/success_rate"] = (
+            sum(t.metrics.get("success", 0.0) for t in trajs) / len(trajs) if trajs else float("nan")
+        )
     return out

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from grooves.policy.handle import ModelHandle
-from grooves.trajectory import Trajectory
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import Trajectory
 
 
 class ToyTokensTask:

@@ -20,7 +20,7 @@ The trainer writes, and the watch and `grooves report` read::
     RUN_DIR/
       config.toml              the resolved run config (shown verbatim in the report)
       metrics.jsonl            one JSON object per step (keys below)
-      samples/step_000010.jsonl  that step's TrajectoryGroups, one per line (grooves.trajectory)
+      samples/step_000010.jsonl  that step's TrajectoryGroups, one per line (grooves.core.trajectory)
       findings.jsonl           the watch's findings, one per line (Finding)
       watch.jsonl              the watch's statistics per step: {"step": ..., "watch/...": ...}
       inspect/step_000010.html the watch's sampled inspection pages
@@ -45,7 +45,7 @@ report but not judged. Text detectors read `TrajectoryGroup.scenario` (the input
 `completion`; a group is one input, so duplicates are only counted *across* groups.
 """
 
-from grooves.watch.config import (
+from grooves.config.watch import (
     CheckDivergenceConfig,
     CollapseConfig,
     InputIndependenceConfig,

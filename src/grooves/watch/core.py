@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from grooves.config.watch import WatchConfig
+from grooves.core.trajectory import TrajectoryGroup
 from grooves.jsonl import read_jsonl, write_jsonl, write_models
-from grooves.trajectory import TrajectoryGroup
-from grooves.watch.config import WatchConfig
 from grooves.watch.finding import Finding, at_least, read_findings, write_findings
 from grooves.watch.interfaces import Detector, EmbedFn, RescoreFn
 from grooves.watch.metric_detectors import CheckDivergence, LengthDrift, RewardJump
+from grooves.watch.pages import inspection_page, pick_samples
 from grooves.watch.text_detectors import Collapse, InputIndependence
 from grooves.watch.view import StepView
 
@@ -69,7 +70,9 @@ class Watch:
     ) -> None:
         self.config = config or WatchConfig()
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.detectors: list[Detector] = default_detectors(self.config, embed, rescore) + list(extra_detectors)
+        self.detectors: list[Detector] = default_detectors(self.config, embed, rescore) + list(
+            extra_detectors
+        )
         self.findings: list[Finding] = []
         """Every finding raised so far (after the cooldown)."""
         self.stats: dict[str, float] = {}
@@ -104,7 +107,9 @@ class Watch:
                 print(finding, file=sys.stderr)
         return new
 
-    def resume(self, step: int, history: Iterable[tuple[int, Mapping[str, Any], Sequence[TrajectoryGroup]]]) -> int:
+    def resume(
+        self, step: int, history: Iterable[tuple[int, Mapping[str, Any], Sequence[TrajectoryGroup]]]
+    ) -> int:
         """Pick a run up after its checkpoint at `step`; returns how many steps were replayed.
 
         `history` is (step, metrics, groups) for the steps already trained, as `observe` saw them
@@ -130,7 +135,9 @@ class Watch:
     def _truncate_files_after(self, step: int) -> None:
         findings_path, stats_path = self.run_dir / "findings.jsonl", self.run_dir / "watch.jsonl"
         if findings_path.exists():
-            write_models(findings_path, [f for f in read_findings(findings_path) if f.step <= step], append=False)
+            write_models(
+                findings_path, [f for f in read_findings(findings_path) if f.step <= step], append=False
+            )
         if stats_path.exists():
             write_jsonl(stats_path, [r for r in read_jsonl(stats_path) if r.get("step", 0) <= step])
 
@@ -171,9 +178,6 @@ class Watch:
         return self.run_dir is not None and every > 0 and step % every == 0 and bool(view.groups)
 
     def _inspect(self, step: int, view: StepView, stats: dict[str, float]) -> Path:
-        from grooves.report.html import inspection_page
-        from grooves.report.samples import pick_samples
-
         c = self.config.inspect
         samples = pick_samples(
             view.groups,

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from grooves.config.watch import Severity
 from grooves.jsonl import read_models, write_models
-from grooves.watch.config import Severity
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from grooves.trajectory import Trajectory
+from grooves.core.trajectory import Trajectory
 from grooves.watch.finding import Finding
 from grooves.watch.view import StepView
 

@@ -12,7 +12,7 @@ from fnmatch import fnmatch
 
 import numpy as np
 
-from grooves.watch.config import CheckDivergenceConfig, LengthDriftConfig, RewardJumpConfig
+from grooves.config.watch import CheckDivergenceConfig, LengthDriftConfig, RewardJumpConfig
 from grooves.watch.finding import Finding
 from grooves.watch.interfaces import Observation
 from grooves.watch.stats import linear_trend, pearson, robust_z
@@ -47,7 +47,12 @@ class RewardJump:
         if c.signals:
             for key in sorted(view.metrics):
                 value = view.metric(key)
-                if key.startswith("reward/") and key.endswith("_mean") and key != c.metric and value is not None:
+                if (
+                    key.startswith("reward/")
+                    and key.endswith("_mean")
+                    and key != c.metric
+                    and value is not None
+                ):
                     streams[key] = (value, view.reward_std(key))
         return streams
 
@@ -94,7 +99,9 @@ class RewardJump:
             "within_step_std": spread,
             "window": [round(v, 6) for v in window],
         }
-        return Finding(step=step, detector=self.name, severity=c.severity, message=message, evidence=evidence), z
+        return Finding(
+            step=step, detector=self.name, severity=c.severity, message=message, evidence=evidence
+        ), z
 
 
 class LengthDrift:
@@ -182,7 +189,9 @@ class CheckDivergence:
                     obs.findings.append(finding)
         return obs
 
-    def _judge(self, step: int, key: str, points: list[tuple[int, float, float]]) -> tuple[Finding | None, float]:
+    def _judge(
+        self, step: int, key: str, points: list[tuple[int, float, float]]
+    ) -> tuple[Finding | None, float]:
         c = self.config
         x = [p[0] for p in points]
         rewards = [p[1] for p in points]
@@ -209,4 +218,6 @@ class CheckDivergence:
             "correlation": corr,
             "lower_is_better": sign < 0,
         }
-        return Finding(step=step, detector=self.name, severity=c.severity, message=message, evidence=evidence), corr
+        return Finding(
+            step=step, detector=self.name, severity=c.severity, message=message, evidence=evidence
+        ), corr

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grooves.trajectory import Trajectory
-from grooves.watch.config import CollapseConfig, InputIndependenceConfig
+from grooves.config.watch import CollapseConfig, InputIndependenceConfig
+from grooves.core.trajectory import Trajectory
 from grooves.watch.finding import Finding
 from grooves.watch.interfaces import EmbedFn, Observation, RescoreFn
 from grooves.watch.text import cross_pairs, duplicate_rate, grounding, mean_cosine, mean_ngram_jaccard
@@ -93,7 +93,11 @@ class Collapse:
             "inputs": len(view.outputs),
         }
         return Finding(
-            step=view.step, detector=self.name, severity=self.config.severity, message="; ".join(parts), evidence=evidence
+            step=view.step,
+            detector=self.name,
+            severity=self.config.severity,
+            message="; ".join(parts),
+            evidence=evidence,
         )
 
 
@@ -109,7 +113,9 @@ class InputIndependence:
 
     name = "input_independence"
 
-    def __init__(self, config: InputIndependenceConfig, rescore: RescoreFn | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, config: InputIndependenceConfig, rescore: RescoreFn | None = None, seed: int = 0
+    ) -> None:
         self.config = config
         self.rescore = rescore
         self.seed = seed
@@ -150,7 +156,11 @@ class InputIndependence:
             f"{g['own']:.2f} vs a random other input {g['shuffled']:.2f}"
         )
         evidence = {"stream": "lexical", "accuracy": current, "baseline_accuracy": baseline, **g}
-        obs.findings.append(Finding(step=view.step, detector=self.name, severity=c.severity, message=message, evidence=evidence))
+        obs.findings.append(
+            Finding(
+                step=view.step, detector=self.name, severity=c.severity, message=message, evidence=evidence
+            )
+        )
 
     def _blind(self, step: int, baseline: float, chance: float) -> Finding:
         return Finding(
@@ -173,7 +183,9 @@ class InputIndependence:
             try:
                 a = float(self.rescore(traj.model_copy(deep=True), dict(view.groups[g].scenario)))
                 b = float(self.rescore(traj.model_copy(deep=True), dict(view.groups[h].scenario)))
-            except Exception as exc:  # the user's reward failing is data for the watch, not a crash of the run
+            except (
+                Exception
+            ) as exc:  # the user's reward failing is data for the watch, not a crash of the run
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             own.append(a)
@@ -204,7 +216,11 @@ class InputIndependence:
             "samples": len(own),
             "errors": len(errors),
         }
-        obs.findings.append(Finding(step=view.step, detector=self.name, severity=c.severity, message=message, evidence=evidence))
+        obs.findings.append(
+            Finding(
+                step=view.step, detector=self.name, severity=c.severity, message=message, evidence=evidence
+            )
+        )
 
     def _sample(self, view: StepView, rng: np.random.Generator) -> list[tuple[int, Trajectory]]:
         """Up to `rescore_samples` trajectories, round-robin over groups in random order."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from grooves.trajectory import Trajectory, TrajectoryGroup
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.watch.stats import finite
 
 
@@ -74,7 +74,9 @@ class StepView:
         """The metric `key`, else the mean sampled tokens (words, for text-only trajectories)."""
         value = self.metric(key)
         if value is None:
-            lengths = [t.num_sampled_tokens or len(t.completion.split()) for ts in self.trajectories for t in ts]
+            lengths = [
+                t.num_sampled_tokens or len(t.completion.split()) for ts in self.trajectories for t in ts
+            ]
             value = float(np.mean(lengths)) if lengths else None
         return value
 

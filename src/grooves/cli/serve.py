@@ -1,0 +1,103 @@
+"""`grooves serve`: a policy behind the OpenAI-compatible API, with the adapter admin endpoints.
+
+Kept apart from the code it drives so that `grooves --help` stays fast: torch and transformers
+are imported only inside the command.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from rich.console import Console
+
+from grooves.models import DEFAULT_MODEL, ModelError
+
+console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code=1)
+
+
+def serve_command(
+    model: str = typer.Option(
+        DEFAULT_MODEL,
+        "--model",
+        help="Built-in alias (smollm2-135m), a local directory or a Hugging Face id.",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Interface to bind; 0.0.0.0 exposes the server to the network."
+    ),
+    port: int = typer.Option(8000, "--port"),
+    adapter: list[str] = typer.Option(
+        [],
+        "--adapter",
+        help="A LoRA adapter (peft folder, checkpoint or run folder). PATH: the model itself uses it; "
+        "NAME=PATH: served as model NAME beside the base (repeatable; more load at run time via /v1/adapters).",
+    ),
+    admin: bool = typer.Option(
+        True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."
+    ),
+    max_n: int = typer.Option(
+        64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."
+    ),
+    max_request_tokens: int | None = typer.Option(
+        None,
+        "--max-request-tokens",
+        min=1,
+        help="Largest n x max_tokens one request may ask for; default 65536.",
+    ),
+    max_body_bytes: int | None = typer.Option(
+        None, "--max-body-bytes", min=1, help="Largest request body; default 8 MiB (8388608)."
+    ),
+    served_name: str | None = typer.Option(
+        None, "--served-name", help="Model name clients send; default: the --model value."
+    ),
+    device: str = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps."),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="float32 keeps sampler and trainer logprobs equal; bfloat16 halves memory."
+    ),
+) -> None:
+    """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
+    from grooves.adapters.admin import mount_admin
+    from grooves.cli.adapters import parse_adapter_options
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import create_app, serve
+    from grooves.serve.routing import AdapterTable
+
+    try:
+        own, named = parse_adapter_options(adapter, served_name or model)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    try:
+        policy = TransformersPolicy(
+            model, adapter_path=own, served_name=served_name or model, device=device, dtype=dtype
+        )
+    except ModelError as exc:
+        raise _fail(str(exc)) from exc
+    except OSError as exc:  # transformers' error for a hub id it cannot reach or find
+        raise _fail(
+            f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
+        ) from exc
+    table = AdapterTable(policy, own_path=str(own) if own else None)
+    for name, path in named:
+        table.add(name, path)
+    console.print(
+        f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False
+    )
+    if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
+        # libgomp's spinning threads stall the sampler when other processes share the cores (docs/speed.md, change 2)
+        console.print(
+            "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
+            highlight=False,
+        )
+    limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
+    app = create_app(
+        policy, max_n=max_n, adapters=table, **{k: v for k, v in limits.items() if v is not None}
+    )
+    if admin:
+        mount_admin(app)
+    serve(app, host=host, port=port)

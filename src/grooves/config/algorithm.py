@@ -1,0 +1,48 @@
+"""The `[algorithm]` section: advantages, the policy loss, its aggregation and the KL penalty.
+
+docs/training.md gives each choice's formula and paper; `grooves.core.loss.build_loss` turns
+this section into the loss a run calls on every micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from grooves.config.base import Section
+
+
+class AlgorithmConfig(Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """grpo: (r - mean)/std; dr_grpo: r - mean (no std, no length bias); rloo: leave-one-out baseline."""
+    scale_by_std: bool = True
+    """GRPO only. Dividing by std up-weights near-unanimous groups (a known difficulty bias)."""
+    std_floor: float = Field(1e-3, gt=0)
+    """Floor on the group std, so fractional rewards with float-residue variance can't explode."""
+    loss: Literal["ppo", "cispo", "gspo"] = "ppo"
+    """ppo: token ratio clipping (DAPO with eps_high > eps_low); cispo: clipped IS weight, every token
+    keeps its gradient; gspo: one sequence-level ratio (geometric mean of token ratios)."""
+    eps_low: float = Field(0.2, gt=0, lt=1)
+    eps_high: float = Field(0.28, gt=0)
+    """Clip range [1 - eps_low, 1 + eps_high]. DAPO's clip-higher (0.28 > 0.2) keeps exploration.
+    For gspo use ~3e-4 / 4e-4."""
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    """token_mean (DAPO): every token weighs the same, divided by the tokens trained this step.
+    sequence_mean (GRPO): per-sequence means, biased toward long wrong answers (see Dr. GRPO).
+    constant (Dr. GRPO): sum / (groups_per_step x group_size x rollout.max_tokens), one number for
+    the whole run: rollouts of dropped zero-variance groups (and failed ones) count, as in the
+    paper. max_tokens is a per-turn budget: a multi-turn rollout may hold more sampled tokens than
+    it, and each of them weighs the same 1 / constant as a one-turn rollout's."""
+    kl_beta: float = Field(0.0, ge=0)
+    """Weight of the per-token KL penalty to the base model (adapter disabled), added to the loss
+    and aggregated like it. 0, the default, is no penalty (as in DAPO) and skips the reference
+    forward; `kl_kind` says which divergence a positive weight penalizes."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """Which per-token estimator, d = lp_ref - lp, is differentiated as the penalty. The choice sets
+    which KL the gradient pulls down (Tang & Munos 2025, arXiv 2506.09477; all on-policy, per token):
+    k3 = exp(d) - d - 1 (GRPO's, the default): expected gradient that of KL(ref || pi), the
+    mass-covering direction, not KL(pi || ref); still a divergence to the base, zero only at it.
+    k2 = d^2 / 2: expected gradient exactly that of KL(pi || ref), the penalty as usually written.
+    k1 = -d: zero expected gradient, the penalty does nothing but add noise; for comparison only.
+    `kl_mean` in the metrics is the k3 estimate of KL(pi || ref) whichever is chosen."""

@@ -1,0 +1,90 @@
+"""The `[model]`, `[lora]` and `[vllm]` sections: which model, its adapter, how it samples."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from grooves.config.base import Section
+
+FastMode = Literal["on", "timed", "off"]
+"""What `ModelConfig.fast` may be (see `grooves.policy.fast`)."""
+ToolFormats = Literal["smollm2", "template"]
+"""What `ModelConfig.tool_format` may be (the names of `policy.tool_format.TOOL_FORMATS`)."""
+_DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+
+
+class ModelConfig(Section):
+    base_model: str = "smollm2-135m"
+    """`smollm2-135m` (the embedded default, provisioned offline), a local directory, or a hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """float32 on CPU (bf16 matmuls are slow there and logprob mismatch grows); bf16 on GPUs."""
+    device: str = "cpu"
+    """`cpu`, `cuda`, `cuda:N`, `mps`, `xpu` or `xpu:N`; a device torch does not see is refused at start."""
+    tool_format: ToolFormats | None = None
+    """How tools appear in the prompt: `smollm2`, `template`, or unset to pick from the chat template."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
+    fast: FastMode = "on"
+    """The CPU speed paths (`grooves.policy.fast`), each the same function in fewer operations: the
+    sampler's own decode forward (Llama/Qwen2), the LoRA adapter folded into a copy of the adapted
+    weights for sampling (one more copy of those weights in memory), glibc keeping freed blocks
+    (the process keeps its peak memory between steps), LoRA layers as one addmm in training.
+    `on`: all of them, every matmul `x W^T`: two runs of one seed are bit-identical where batching
+    allows. `timed`: also the output head's matmul form picked by timing it per row count (faster
+    on some CPUs; a choice timed on a busy machine can differ between two runs of one seed, which
+    then drift apart). `off`: plain transformers + peft. See docs/speed.md."""
+    init_adapter: str | None = None
+    """Start training from these adapter weights instead of a fresh LoRA (e.g. an SFT warm start):
+    an adapter folder (peft), a checkpoint (`runs/x/checkpoints/step_N`) or a run folder (its
+    latest checkpoint). Checked at start: it must have been trained on this `base_model`, and its
+    rank, alpha and target modules must equal `[lora]`'s. The optimizer starts fresh."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("not a device; use cpu, cuda, cuda:N, mps, xpu or xpu:N")
+        return value
+
+
+class LoraConfig(Section):
+    """The LoRA adapter the policy trains (`policy.transformers.load_model` reads this section)."""
+
+    rank: int = Field(8, ge=1)
+    """Adapter rank. RL moves few directions: ranks 1-16 train as well as full rank for small tasks."""
+    alpha: float = Field(16.0, gt=0)
+    """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
+    )
+    """Linear layers that get adapters: attention and MLP (all) learn faster than attention only.
+    Each name must match a layer of the model (checked at start, before the weights load)."""
+
+
+class VllmConfig(Section):
+    """Settings of the vLLM backend (`model.backend = "vllm"`), unused otherwise."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
+    """Share of the GPU vLLM takes (weights + KV cache); training on the same GPU uses the rest.
+    More = larger decode batches, less room for training activations."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """0: vLLM stays resident. 1: it sleeps through each optimizer step (weights to CPU RAM, KV cache
+    freed), for models whose training needs the whole GPU; costs a weight copy each way per step.
+    2: weights dropped instead (less CPU RAM, reloaded from disk each step)."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph capture: starts ~1 min sooner, decodes slower. For short runs and tests."""
+    max_model_len: int | None = None
+    """Context length vLLM reserves KV cache for; unset: the model's. Lower it to fit more sequences."""
+
+
+RETIRED_FIELDS = {  # replaced by `fast`; a field that moved keeps its line here
+    "model.merge_lora_for_sampling": 'replaced by model.fast ("on" folds the adapter for sampling, "off" samples through peft\'s layers); see docs/speed.md',
+    "model.fused_decode": 'replaced by model.fast ("on" decodes with the fused forward, "off" with transformers\' forward); see docs/speed.md',
+    "model.matmul_forms": 'replaced by model.fast ("timed" times the output head as timed_head did; "on" is fixed); see docs/speed.md',
+    "model.reuse_freed_memory": 'replaced by model.fast ("on" keeps freed blocks for reuse, "off" keeps glibc\'s defaults); see docs/speed.md',
+}
+"""Settings that were replaced, and by what; a run file that still sets one is told so on one line."""

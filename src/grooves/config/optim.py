@@ -1,0 +1,50 @@
+"""The `[optim]` section: AdamW on the LoRA parameters, micro-batching, and non-finite steps."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from grooves.config.base import Section
+
+
+class AdamWConfig(Section):
+    """The optimizer's settings both trainers share (RL's `OptimConfig`, SFT's `SftOptimConfig`)."""
+
+    lr: float = Field(5e-5, gt=0)
+    """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6."""
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    """Adam's moment decays, each in [0, 1)."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global grad norm (RL gradients spike when a group's advantages are large)."""
+    micro_batch_tokens: int = Field(4096, ge=16)
+    """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    share_prefix: bool = True
+    """Run a group's shared prompt (RL) or the chats' common start (SFT: an environment's system
+    prompt and tool list) once per micro-batch and the rest on top of its KV cache (same gradient
+    as separate forwards, a fraction of the tokens). The shared part ends before the first trained
+    token of any member, even when completions begin alike. Falls back to `packing`."""
+    packing: bool = True
+    """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError("each beta must be in [0, 1), e.g. (0.9, 0.99)")
+        return value
+
+
+class OptimConfig(AdamWConfig):
+    """An RL run's `[optim]`."""
+
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    """A step whose loss or grad norm is inf or NaN is never applied: the adapter and the optimizer
+    state stay as they were. skip: one line says so, the step is logged with `nonfinite_skipped = 1`
+    and the run goes on with new rollouts. stop: the run ends (`NonFiniteStep`, a one-line message)
+    before the step is logged or checkpointed. skip is the default because the weights stay finite
+    either way, and a stopped run resumed would sample the same step again (rollouts are seeded by
+    step) and fail the same way; stop suits a run watched closely, where such a step should be
+    looked at before going on."""

@@ -1,0 +1,39 @@
+"""The `[rollout]` section: how rollouts are sampled and where they run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from grooves.config.base import Section
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=2)
+    """Rollouts per scenario. Advantages are relative to the group: 1 gives no signal."""
+    groups_per_step: int = Field(4, ge=1)
+    """Scenarios per optimizer step. More = less noisy gradient, slower steps."""
+    concurrency: int = Field(64, ge=1)
+    """Rollouts in flight at once (requests are batched together by the sampler)."""
+    temperature: float = Field(1.0, ge=0, le=2)
+    """Sampling temperature. Below ~0.7 groups lose diversity and more of them have zero variance.
+    The trainer recomputes each turn's logprobs at the temperature that turn was sampled at (a task
+    may ask for another), and a greedy turn (0) at 1, the temperature of the logprobs it reports."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling. Below 1 the sampler and trainer distributions differ (off-policy bias)."""
+    max_tokens: int = Field(64, ge=1)
+    """Per-turn completion budget; also L in the constant of `aggregation = "constant"` (Dr. GRPO)."""
+    max_failure_fraction: float = Field(0.5, ge=0, le=1)
+    """Stop the run if more than this fraction of a step's rollouts raise."""
+    runner: Literal["local", "ray"] = "local"
+    """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
+    ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one
+    process (or more machines); needs `pip install 'grooves[ray]'`."""
+    ray_address: str | None = None
+    """`ray.init(address=...)` for runner = "ray": unset starts a local Ray; `auto` or `ray://host:10001` joins a cluster."""
+    ray_workers: int = Field(2, ge=1)
+    """Rollout actors for runner = "ray"; each runs many rollouts at once (asyncio), so a few per machine suffice."""
+    server_host: str = "127.0.0.1"
+    """Where the policy's HTTP server listens for Ray workers: 127.0.0.1 on one machine; 0.0.0.0 on a
+    cluster (workers then call this node's IP)."""

@@ -1,0 +1,69 @@
+"""The run file of `grooves sft`: the same sections and parsing as an RL run file, with SFT's own.
+
+`[model]` and `[lora]` are the RL run file's sections (the policy is built the same way), `[optim]`
+extends the same AdamW settings with SFT's default learning rate, and the top level names the
+data; `[validation]` and `[logging]` say what SFT validates and writes. A bad field is one line
+naming it, exactly as in `grooves train`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from grooves.config.base import Section, read_run_file, validate
+from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig
+from grooves.config.optim import AdamWConfig
+from grooves.config.tasks import TaskOptions
+
+
+class SftOptimConfig(AdamWConfig):
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate. SFT on LoRA tolerates ~1e-4..2e-4; RL wants less (its targets move)."""
+
+
+class SftValidationConfig(Section):
+    task: str | None = None
+    """A task (as in `grooves train`) whose validation split scores the adapter; unset: no validation."""
+    task_options: TaskOptions = {}
+    every: int = Field(0, ge=0)
+    """Validate every K steps (0 = only before the first and after the last step)."""
+    scenarios: int = Field(32, ge=1)
+    temperature: float = Field(0.7, ge=0, le=2)
+    max_tokens: int = Field(64, ge=1)
+
+
+class SftLoggingConfig(Section):
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    progress: bool = True
+
+
+class SftConfig(Section):
+    name: str = "sft"
+    output_dir: str = "runs/sft"
+    seed: int = 0
+    data: str
+    """JSONL file of chats: {"messages": [...], "tools": [...]} per line."""
+    batch_size: int = Field(8, ge=1)
+    """Chats per optimizer step."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the data; ignored when `steps` is set."""
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps; default ceil(epochs x chats / batch_size)."""
+    model: ModelConfig = ModelConfig()
+    lora: LoraConfig = LoraConfig()
+    optim: SftOptimConfig = SftOptimConfig()
+    validation: SftValidationConfig = SftValidationConfig()
+    logging: SftLoggingConfig = SftLoggingConfig()
+
+
+def parse_sft_config(data: dict) -> SftConfig:
+    """A parsed SFT run file as an `SftConfig`; `ConfigError` names each bad field."""
+    return validate(SftConfig, data, retired=RETIRED_FIELDS)
+
+
+def load_sft_config(path: str | Path | None, overrides: dict | None = None) -> SftConfig:
+    """Read an SFT run file (or start from defaults when `path` is None); `overrides` win."""
+    return parse_sft_config(read_run_file(path, overrides))

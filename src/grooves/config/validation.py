@@ -1,0 +1,17 @@
+"""The `[validation]` section: held-out scenarios scored before the first step and every K steps."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from grooves.config.base import Section
+
+
+class ValidationConfig(Section):
+    every: int = Field(10, ge=0)
+    """Validate every K steps (0 = only before the first and after the last step)."""
+    scenarios: int = Field(32, ge=1)
+    """Held-out scenarios scored per validation."""
+    samples: int = Field(1, ge=1)
+    """Rollouts per held-out scenario; more gives a steadier success rate for the same scenarios."""
+    temperature: float = Field(0.7, ge=0, le=2)

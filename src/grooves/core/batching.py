@@ -1,0 +1,71 @@
+"""A step's training sequences as micro-batches: the group's shared prompt once, the rest packed or padded.
+
+One optimizer step accumulates the gradients of several forward/backward passes, each of at most
+about `optim.micro_batch_tokens` tokens (memory bounds it). How sequences are laid out in them:
+
+- `share_prefix`: the rollouts of one group start with the same prompt, so a group goes into its
+  own padded micro-batches whose common prefix `forward.shared_prefix_logprobs` computes once;
+- the sequences left over (groups without a worthwhile common prefix, or `share_prefix` off) are
+  packed several to a row (`packing`, block-diagonal attention) or padded one to a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grooves.config import AdamWConfig
+from grooves.core.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch
+
+MIN_SHARED_PREFIX = 8
+"""Below this many shared tokens, computing a prefix once is not worth a separate forward."""
+
+
+def common_prefix(seqs: Sequence[TrainSequence]) -> int:
+    """How many leading ids every member shares, stopping before any member's first sampled token.
+
+    The shared prefix is context only: its own tokens get no logprob, so no loss. Completions
+    of a group often begin with the same sampled tokens ("The capital of ...", the same first tool
+    call); those are trained like any other sampled token, so they stay in each row's suffix.
+    """
+    first = seqs[0].input_ids
+    n = min(len(s) for s in seqs) - 1  # at least one token of each row stays in the suffix
+    n = min([n] + [s.sampled_mask.index(True) for s in seqs if True in s.sampled_mask])
+    for s in seqs[1:]:
+        ids = s.input_ids
+        i = 0
+        while i < n and ids[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+def micro_batches(seqs: list[TrainSequence], opt: AdamWConfig, pad: int) -> list[tuple[TrainBatch, int]]:
+    """(batch, shared prefix length or 0) pairs of at most ~`micro_batch_tokens` tokens each.
+
+    With `share_prefix`, each group's sequences go together so their prompt is computed once;
+    sequences without a worthwhile common prefix are packed (or padded) as usual.
+    """
+    out: list[tuple[TrainBatch, int]] = []
+    rest: list[TrainSequence] = []
+    if opt.share_prefix:
+        by_group: dict[int, list[TrainSequence]] = {}
+        for s in seqs:
+            by_group.setdefault(s.group_id, []).append(s)
+        for members in by_group.values():
+            prefix = common_prefix(members) if len(members) > 1 else 0
+            if prefix < MIN_SHARED_PREFIX:
+                rest.extend(members)
+                continue
+            suffix = max(len(s) for s in members) - prefix
+            per = max(1, (opt.micro_batch_tokens - prefix) // max(suffix, 1))
+            for i in range(0, len(members), per):
+                out.append((pad_batch(members[i : i + per], pad_token_id=pad), prefix))
+    else:
+        rest = list(seqs)
+    if rest and opt.packing:
+        out.extend((b, 0) for b in pack_batches(rest, opt.micro_batch_tokens, pad_token_id=pad))
+    elif rest:
+        width = max(len(s) for s in rest)
+        per = max(1, opt.micro_batch_tokens // width)
+        out.extend((pad_batch(rest[i : i + per], pad_token_id=pad), 0) for i in range(0, len(rest), per))
+    return out

@@ -1,0 +1,108 @@
+"""CPU speed paths of the transformers policy, chosen in one place by one setting: `model.fast`.
+
+Each path computes the same function as plain transformers + peft, in fewer or larger operations:
+
+- fused decode (`decode.py`): Llama/Qwen2 decode steps on a lean forward of our own;
+- folded LoRA (`merged.py`): sampling on W + s B A, one matmul per layer instead of three;
+- allocator reuse (`allocator.py`): glibc keeps the big blocks torch frees for reuse;
+- LoRA addmm (`lora_addmm.py`): training's LoRA layers as one `addmm` each;
+- timed matmul forms (`output_head.py`, `decode.MatmulPlan`): a decode matmul run as `x W^T` or as
+  `(W x^T)^T`, whichever a timing found faster at that row count.
+
+`model.fast` (`FastMode`):
+
+- "on" (the default): every path except the timed forms. Every matmul runs `x W^T`, so nothing
+  depends on a timing: two runs of one seed are bit-identical where batching allows.
+- "timed": also the output head's matmul form, timed once per decode row count. Faster decoding
+  on some CPUs; a choice timed on a busy machine can differ between two runs of one seed, which
+  then sample other tokens and drift apart.
+- "off": plain transformers + peft: transformers' forward for every decode step, peft's LoRA
+  layers for sampling and training, glibc's malloc defaults.
+
+The sampler (`policy.sampling.Sampler`) and the policy's training phase ask this module what to
+use; nothing else in grooves imports a speed module. docs/speed.md measures each path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import get_args
+
+import torch
+
+from grooves.config import FastMode
+from grooves.policy.fast import allocator
+from grooves.policy.fast.decode import MatmulPlan, decoder_for
+from grooves.policy.fast.lora_addmm import addmm_lora
+from grooves.policy.fast.merged import MergedWeights
+from grooves.policy.fast.output_head import PlannedHead
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """Which speed paths a policy uses. `fast_paths(mode)` gives the one `model.fast` names; the
+    benchmarks build others (e.g. `timed_blocks`, which no mode turns on) to measure them."""
+
+    fused_decode: bool = True
+    fold_lora: bool = True
+    reuse_freed_memory: bool = True
+    lora_addmm: bool = True
+    timed_head: bool = False
+    timed_blocks: bool = False
+
+
+MODES: dict[str, FastPaths] = {
+    "on": FastPaths(),
+    "timed": FastPaths(timed_head=True),
+    "off": FastPaths(fused_decode=False, fold_lora=False, reuse_freed_memory=False, lora_addmm=False),
+}
+
+
+def fast_paths(mode: FastMode | FastPaths) -> FastPaths:
+    """The paths `model.fast = mode` turns on (a `FastPaths` is taken as it is)."""
+    if isinstance(mode, FastPaths):
+        return mode
+    if mode not in MODES:
+        raise ValueError(f"model.fast = {mode!r}: use one of {', '.join(get_args(FastMode))}")
+    return MODES[mode]
+
+
+def before_load(paths: FastPaths, device: str) -> None:
+    """Process settings to make before the model's weights and its first step's temporaries exist."""
+    if paths.reuse_freed_memory and torch.device(device).type == "cpu":
+        allocator.reuse_freed_memory()
+
+
+def training(paths: FastPaths, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """The training speed paths for an optimizer step's span (LoRA layers as one `addmm`)."""
+    return addmm_lora(model) if paths.lora_addmm else contextlib.nullcontext()
+
+
+class FastSampling:
+    """The sampling speed paths of one policy, with what they keep between batches: the folded
+    weights, and the forms timing chose."""
+
+    def __init__(self, paths: FastPaths, model: torch.nn.Module, *, own_adapter: bool):
+        self.paths = paths
+        self.merged = MergedWeights(model) if paths.fold_lora and own_adapter else None
+        """The own adapter folded into copies of the base weights (see `merged.py`); None: peft's layers."""
+        self.head = PlannedHead() if paths.timed_head else None
+        """The output head's matmul form per decode row count, timed once (see `output_head.py`); None: `x W^T`."""
+        self.plan = MatmulPlan() if paths.timed_blocks else None
+        """The fused forward's matmul forms per row count, timed on decode steps; None: `x W^T`, untimed."""
+
+    @property
+    def folded(self) -> bool:
+        """The policy's own weights sample on folded buffers."""
+        return self.merged is not None and self.merged.supported
+
+    def folded_weights(self) -> contextlib.AbstractContextManager:
+        return self.merged.applied()
+
+    def output_head(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        return self.head.applied(model) if self.head is not None else contextlib.nullcontext()
+
+    def decoder(self, model, cache, mask: torch.Tensor, capacity: int):
+        """The decode steps after a prefill (see `policy.sampling.sample`)."""
+        return decoder_for(model, cache, mask, capacity, fused=self.paths.fused_decode, plan=self.plan)

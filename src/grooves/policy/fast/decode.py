@@ -1,0 +1,335 @@
+"""The sampler's lean decode forward for Llama-family models, the same function in fewer ops.
+
+A decode step at 8 rows is a few hundred tiny ops, and on a CPU their count, not their FLOPs,
+sets its time. `FusedDecode` computes the same function as transformers' Llama/Qwen2 forward
+with fewer and larger ops:
+- q, k and v as one matmul, and gate and up as one, when their weights lie back to back in one
+  buffer (the folded LoRA weights do, see `policy/fast/merged.py`), instead of five matmuls per block;
+- a KV cache allocated once for the whole completion and written in place (transformers'
+  `DynamicCache` concatenates, copying the cache at every step);
+- RMSNorm as `F.rms_norm`, one kernel instead of five ops; the left-padding mask made once.
+
+It covers `llama` and `qwen2` models with full attention in every layer; for other models (or
+`fused=False`) `decoder_for` returns the sampler's plain `TransformersDecode`, transformers'
+forward with a `DynamicCache`. A layer that is not a plain weight (an active peft LoRA layer: sampling an extra
+adapter, or the unfolded path) is called as the module it is, so the result is the same function
+in every case. It matches transformers' logits up to float rounding (tests/policy/test_decode.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grooves.policy.sampling import TransformersDecode
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def decoder_for(
+    model, cache, mask: torch.Tensor, capacity: int, *, fused: bool = True, plan: MatmulPlan | None = None
+):
+    """The decode steps to run after a prefill that left `cache` and `mask` [R, P]; `capacity`
+    bounds the sequence length (prompt width + the most new tokens any row may take)."""
+    if fused:
+        blocks = _blocks_of(model)
+        if blocks is not None:
+            return FusedDecode(model, blocks, cache, mask, capacity, plan)
+    return TransformersDecode(model, cache, mask)
+
+
+class MatmulPlan:
+    """Per row count, whether a decode step's block matmuls run as `(W x^T)^T` or `x W^T`, chosen
+    by timing real decode steps.
+
+    At a few rows the two forms are the same product through different BLAS kernels, and which is
+    faster depends on the CPU, the row count and what else the step does: a loop over the blocks'
+    weights alone can favour the form that real decode steps run slower (docs/speed.md, change 14).
+    So the plan times the decode steps themselves: the first `trials` steps at each row count in
+    each form, alternating, then the faster (by a clear margin, else `x W^T`). Nothing extra
+    runs; the plan persists across batches.
+
+    Without a plan every step runs `x W^T`, untimed: the two forms round differently, and a choice
+    made by timing can differ between two runs of one seed, which then sample different tokens.
+    No `model.fast` value turns it on; the benchmarks do (`FastPaths(timed_blocks=True)`).
+    """
+
+    def __init__(self, trials: int = 2, margin: float = 0.9):
+        self.trials, self.margin = trials, margin
+        self._seconds: dict[int, dict[bool, list[float]]] = {}
+        self._chosen: dict[int, bool] = {}
+
+    def form(self, rows: int) -> bool:
+        """True: run this row count's step as `(W x^T)^T`."""
+        if rows in self._chosen:
+            return self._chosen[rows]
+        seen = self._seconds.setdefault(rows, {False: [], True: []})
+        return len(seen[True]) < len(seen[False])
+
+    def record(self, rows: int, transposed: bool, seconds: float) -> None:
+        if rows in self._chosen:
+            return
+        seen = self._seconds[rows]
+        seen[transposed].append(seconds)
+        if all(len(seen[f]) >= self.trials for f in (False, True)):
+            # the minimum: a busy machine only ever adds time
+            self._chosen[rows] = min(seen[True]) < self.margin * min(seen[False])
+
+    def chosen(self) -> dict[int, bool]:
+        """The forms decided so far, by row count."""
+        return dict(self._chosen)
+
+
+# ---- the lean forward ------------------------------------------------------------------------
+
+
+class _Linear:
+    """`y = x W^T + b` from the effective weight of a linear layer, or the layer itself where it has none."""
+
+    def __init__(self, module: nn.Module):
+        plain = _plain_linear(module)
+        self.module = module if plain is None else None
+        self.weight, self.bias = plain if plain is not None else (None, None)
+
+    def __call__(self, x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+        if self.module is not None:
+            return self.module(x)
+        return _matmul(x, self.weight, self.bias, transposed)
+
+
+class _Projections:
+    """Several linear layers on the same input: one matmul when their weights are rows of one buffer."""
+
+    def __init__(self, modules: list[nn.Module]):
+        self.parts = [_Linear(m) for m in modules]
+        self.sizes = [int(m.out_features) for m in modules]
+        self.fused = (
+            _fused_weight([p.weight for p in self.parts])
+            if all(p.module is None for p in self.parts)
+            else None
+        )
+        self.fused_bias = None
+        if self.fused is not None and any(p.bias is not None for p in self.parts):
+            self.fused_bias = torch.cat(
+                [
+                    p.bias if p.bias is not None else p.weight.new_zeros(n)
+                    for p, n in zip(self.parts, self.sizes, strict=True)
+                ]
+            )
+
+    def __call__(self, x: torch.Tensor, transposed: bool = False) -> list[torch.Tensor]:
+        if self.fused is not None:
+            return list(_matmul(x, self.fused, self.fused_bias, transposed).split(self.sizes, dim=-1))
+        return [p(x, transposed) for p in self.parts]
+
+
+class _Norm:
+    """RMSNorm `w * x / sqrt(mean(x^2) + eps)`, as one kernel when the module is the usual one."""
+
+    def __init__(self, module: nn.Module):
+        fusable = type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+        self.module = None if fusable else module
+        self.weight = module.weight if fusable else None
+        self.eps = float(module.variance_epsilon) if fusable else 0.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.module is not None:
+            return self.module(x)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+@dataclass
+class _Block:
+    norm1: _Norm
+    qkv: _Projections
+    o: _Linear
+    norm2: _Norm
+    gate_up: _Projections
+    down: _Linear
+    act: nn.Module
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+def _base(model) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _blocks_of(model) -> list[_Block] | None:
+    """The blocks of a supported model, read for this batch's weights; None if the model is not one."""
+    base = _base(model)
+    config = base.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES or base.training:
+        return None
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return None  # sliding-window layers: left to transformers' masks
+    inner = getattr(base, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")):
+        return None
+    blocks = []
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return None
+        heads = config.num_attention_heads
+        blocks.append(
+            _Block(
+                norm1=_Norm(layer.input_layernorm),
+                qkv=_Projections([attn.q_proj, attn.k_proj, attn.v_proj]),
+                o=_Linear(attn.o_proj),
+                norm2=_Norm(layer.post_attention_layernorm),
+                gate_up=_Projections([mlp.gate_proj, mlp.up_proj]),
+                down=_Linear(mlp.down_proj),
+                act=mlp.act_fn,
+                heads=heads,
+                kv_heads=config.num_key_value_heads,
+                head_dim=attn.head_dim,
+                scaling=float(attn.scaling),
+            )
+        )
+    return blocks
+
+
+class FusedDecode:
+    """Decode steps of a Llama-family model in few, large ops, on a KV cache of fixed capacity."""
+
+    def __init__(
+        self,
+        model,
+        blocks: list[_Block],
+        cache,
+        mask: torch.Tensor,
+        capacity: int,
+        plan: MatmulPlan | None = None,
+    ):
+        base = _base(model)
+        self.blocks = blocks
+        self.plan = (
+            plan if mask.device.type == "cpu" else None
+        )  # host timers cannot time asynchronous GPU kernels
+        self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
+        self.rotary = base.model.rotary_emb
+        self.head = model.get_output_embeddings()  # a `PlannedLinear` while the policy samples
+        rows, width = mask.shape
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        for i, b in enumerate(blocks):
+            k, v = cache.layers[i].keys, cache.layers[i].values  # [R, KV, P, hd]
+            self.keys.append(k.new_empty((rows, b.kv_heads, capacity, b.head_dim)))
+            self.values.append(v.new_empty((rows, b.kv_heads, capacity, b.head_dim)))
+            self.keys[-1][:, :, :width] = k
+            self.values[-1][:, :, :width] = v
+        self.length = width
+        """Columns of the cache filled so far; the same for every row (prompts are left-padded)."""
+        self.bias: torch.Tensor | None = None
+        """[R, capacity] added to the attention scores: -inf at left padding; None when there is none."""
+        if not bool(mask.all()):
+            dtype = self.keys[0].dtype if blocks else torch.float32
+            self.bias = torch.zeros((rows, capacity), dtype=dtype, device=mask.device)
+            self.bias[:, :width].masked_fill_(mask == 0, float("-inf"))
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (tokens, positions: [R]); returns the next-token logits [R, V] in float32."""
+        if self.plan is None:
+            return self._step(tokens, positions, transposed=False)
+        transposed = self.plan.form(len(tokens))
+        start = time.perf_counter()
+        logits = self._step(tokens, positions, transposed)
+        self.plan.record(len(tokens), transposed, time.perf_counter() - start)
+        return logits
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, transposed: bool) -> torch.Tensor:
+        if self.length >= self.keys[0].shape[2]:
+            raise RuntimeError(
+                f"the KV cache holds {self.length} tokens, its capacity; size it for the longest completion"
+            )
+        rows, col = len(tokens), self.length
+        h = self.embed(tokens[:, None])  # [R, 1, D]
+        cos, sin = self.rotary(h, positions[:, None])  # [R, 1, hd]
+        cos, sin = cos[:, None], sin[:, None]  # [R, 1, 1, hd]: the same rotation for every head
+        bias = self.bias[:, None, None, : col + 1] if self.bias is not None else None
+        for b, keys, values in zip(self.blocks, self.keys, self.values, strict=True):
+            q, k, v = b.qkv(b.norm1(h), transposed)
+            q = q.reshape(rows, 1, b.heads, b.head_dim).transpose(1, 2)  # [R, H, 1, hd]
+            k = k.reshape(rows, 1, b.kv_heads, b.head_dim).transpose(1, 2)  # [R, KV, 1, hd]
+            q = q * cos + _rotate_half(q) * sin
+            keys[:, :, col] = (k * cos + _rotate_half(k) * sin)[:, :, 0]
+            values[:, :, col] = v.reshape(rows, b.kv_heads, b.head_dim)
+            a = F.scaled_dot_product_attention(
+                q,
+                keys[:, :, : col + 1],
+                values[:, :, : col + 1],
+                attn_mask=bias,
+                scale=b.scaling,
+                enable_gqa=b.heads != b.kv_heads,
+            )
+            h = h + b.o(a.transpose(1, 2).reshape(rows, 1, b.heads * b.head_dim), transposed)
+            gate, up = b.gate_up(b.norm2(h), transposed)
+            h = h + b.down(b.act(gate) * up, transposed)
+        self.length += 1
+        return self.head(self.norm(h))[:, 0].float()
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only these rows (finished rows leave the batch)."""
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        if self.bias is not None:
+            self.bias = self.bias.index_select(0, index)
+
+
+def _matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
+) -> torch.Tensor:
+    """`x W^T + b` for x [R, 1, in], either as that or as `(W x^T)^T` (the same product, another BLAS kernel)."""
+    if not transposed:
+        return F.linear(x, weight, bias)
+    rows = x.shape[0]
+    xt = x.reshape(rows, x.shape[-1]).t()
+    y = torch.mm(weight, xt) if bias is None else torch.addmm(bias[:, None], weight, xt)  # [out, R]
+    return y.t().reshape(rows, 1, weight.shape[0])
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _plain_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) that `module` computes `x W^T + b` with, or None if it computes more (an active LoRA)."""
+    from peft.tuners.lora import LoraLayer
+
+    if isinstance(module, LoraLayer):
+        active = [a for a in module.active_adapters if a in module.lora_A]
+        if module.merged and module.disable_adapters:
+            return None  # peft unmerges on the next forward
+        if module.merged or module.disable_adapters or not active:
+            return _plain_linear(module.get_base_layer())
+        return None
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
+    return None
+
+
+def _fused_weight(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [sum of rows, in] matrix the weights form if they are consecutive rows of one buffer, else None."""
+    first = weights[0]
+    for prev, w in zip(weights, weights[1:], strict=False):
+        if not (
+            w.is_contiguous()
+            and prev.is_contiguous()
+            and w.dtype == first.dtype
+            and w.device == first.device
+            and w.shape[1] == first.shape[1]
+            and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and w.storage_offset() == prev.storage_offset() + prev.numel()
+        ):
+            return None
+    rows = sum(w.shape[0] for w in weights)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))

@@ -1,0 +1,149 @@
+"""The transformers + peft policy: one model that both samples and trains.
+
+On one machine the sampler and the trainer share the same `PeftModel` object, so a training
+step's new adapter weights are live for the next request without copying anything ("hot-swap"
+is a version bump). A lock keeps a sampling batch and an optimizer step from touching the
+weights at the same time.
+
+The policy composes its parts (see `policy.base.Policy`): `prompts` renders chats and keeps the
+token records of multi-turn conversations, `adapters` holds the peft model with its own adapter's
+version and the extra adapters served beside it, and `sampler` samples batches on it with the
+CPU speed paths `fast` chooses (`policy/fast/`). `load_model` is shared with the vLLM backend,
+which trains the same peft model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from grooves.config import FastMode, LoraConfig
+from grooves.models import resolve_model
+from grooves.policy import fast as speed
+from grooves.policy.adapters import PeftAdapters
+from grooves.policy.fast import FastPaths, FastSampling
+from grooves.policy.prompts import PromptState, end_of_turn_ids
+from grooves.policy.sampler import Sampler
+from grooves.policy.sampling import Completion, SamplingParams
+
+
+def load_model(
+    base_model: str,
+    *,
+    lora: LoraConfig | None = None,
+    adapter_path: str | Path | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str = "sdpa",
+):
+    """(model, tokenizer): the base model on `device` in eval mode, wrapped by peft with a new
+    trainable `lora` adapter, or with the saved one at `adapter_path` (trainable when `lora` is set)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(base_model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+    ).to(device)
+    model.eval()
+    if adapter_path is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
+    elif lora is not None:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        model = get_peft_model(
+            model,
+            PeftLoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model, tokenizer
+
+
+class TransformersPolicy:
+    """Sampling (and, with `lora`, training) on a Hugging Face causal LM."""
+
+    def __init__(
+        self,
+        base_model: str,
+        *,
+        lora: LoraConfig | None = None,
+        adapter_path: str | Path | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        tool_format: str | None = None,
+        max_context: int | None = None,
+        seed: int = 0,
+        served_name: str | None = None,
+        attn_implementation: str = "sdpa",
+        fast: FastMode | FastPaths = "on",
+    ):
+        self.fast_paths = speed.fast_paths(fast)
+        speed.before_load(self.fast_paths, device)
+        self.base_model = base_model
+        self.served_name = served_name or base_model
+        model, self.tokenizer = load_model(
+            base_model,
+            lora=lora,
+            adapter_path=adapter_path,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation,
+        )
+        self.trainable = lora is not None
+        self.device = device
+        self.lock = threading.RLock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.adapters = PeftAdapters(model, self.lock)
+        self.prompts = PromptState(
+            self.tokenizer,
+            tool_format=tool_format,
+            eos_token_ids=end_of_turn_ids(self.tokenizer, model),
+            max_context=max_context or int(getattr(model.config, "max_position_embeddings", 2048)),
+        )
+        self.sampler = Sampler(
+            self.adapters,
+            self.tokenizer,
+            eos_token_ids=self.prompts.eos_token_ids,
+            generator=self.generator,
+            lock=self.lock,
+            fast=FastSampling(self.fast_paths, model, own_adapter=self.adapters.own),
+        )
+
+    @property
+    def model(self):
+        """The peft model (or the plain base model of a policy without adapters)."""
+        return self.adapters.model
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None = None,
+        cancelled: Sequence[Callable[[], bool]] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample completions for several prompts in one batch (blocking).
+
+        `adapter` names an extra adapter loaded with `adapters.load`; None samples with the
+        policy's own weights (its training or `adapter_path` adapter, or the base model if it has
+        none). `cancelled[i]()` turning True drops prompt i's rows at the next decode step.
+        """
+        return self.sampler.generate(prompts, params, adapter, cancelled)
+
+    @contextlib.contextmanager
+    def training_phase(self) -> Iterator[None]:
+        """The trainer's optimizer step runs inside this: sampler and trainer are one model, so only
+        the training speed paths apply (the vLLM policy also puts its engine to sleep here)."""
+        with speed.training(self.fast_paths, self.model):
+            yield

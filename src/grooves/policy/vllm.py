@@ -1,0 +1,326 @@
+"""The vLLM policy backend: sampling on a GPU with vLLM, training with transformers + peft.
+
+vLLM decodes fast (paged KV cache, continuous batching, CUDA graphs) but does not train, so this
+policy holds two copies of the base model: vLLM's, for sampling, and a peft model that the
+trainer updates. Only the LoRA adapter moves between them. After each optimizer step
+(`bump_version`) the adapter is saved with peft's `save_pretrained` to `<adapter_dir>/v<N>`, and
+from then on every request carries `LoRARequest(name, N + 1, path)`: a new integer id per
+version, because vLLM caches adapters by id and would keep serving the old weights under a
+reused one. The version each completion was sampled with is recorded as before, so the trainer's
+on-policy check still catches weights that did not arrive.
+
+Sharing the GPU (choose with the `[vllm]` section of the run file):
+- colocated (default): vLLM takes `gpu_memory_utilization` of the GPU's memory for its weights
+  and KV cache; training uses what is left. 0.3 leaves an H200 ~95 GiB for a 1.5B model's LoRA
+  training, which needs a few.
+- a separate device: `model.device = "cuda:1"` trains there while vLLM samples on the first
+  visible GPU.
+- sleep: with `sleep_level = 1` the engine sleeps while the optimizer step runs (weights copied
+  to CPU RAM, KV cache freed: the whole GPU is free for training) and wakes when the new adapter
+  is published; level 2 drops the weights instead (less CPU RAM, a reload from disk each step).
+
+Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, i.e. log_softmax(logits / T)
+of the sampled token after the temperature (and top-p, when below 1) is applied. With top_p = 1,
+the training default, that is the quantity the trainer recomputes. vLLM usually runs in bf16 and
+the trainer in fp32 or bf16 with other kernels, so the two differ slightly; `mismatch_k3_mean`
+in the metrics measures by how much. Seeds make vLLM's samples reproducible, but they are not
+the same samples as the CPU sampler's for the same seed.
+
+The trainable peft model comes from the transformers policy's `load_model`, and prompts from the
+same `PromptState` (rendering, the multi-turn token records, tool-call parsing), so both
+backends train the same model and build identical prompts. The adapters are `VllmAdapters`:
+every version of the training adapter published for vLLM, and extra adapters by reference.
+
+`vllm` is imported only when a `VLLMPolicy` is built: `import grooves` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grooves.config import FastMode, LoraConfig
+from grooves.models import resolve_model
+from grooves.policy import fast as speed
+from grooves.policy.fast import FastPaths
+from grooves.policy.prompts import PromptState, end_of_turn_ids
+from grooves.policy.sampling import Completion, SamplingParams
+from grooves.policy.transformers import load_model
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for `max_lora_rank`."""
+
+
+def lora_rank_cap(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of `rank`."""
+    for cap in VLLM_LORA_RANKS:
+        if cap >= rank:
+            return cap
+    raise ValueError(
+        f"lora.rank = {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]}); lower it"
+    )
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """One published adapter version, in the terms of a vLLM `LoRARequest`."""
+
+    name: str
+    lora_int_id: int
+    path: str
+    version: int
+
+
+class AdapterPublisher:
+    """Saves the training adapter once per version into `folder/v<N>` and names it for vLLM.
+
+    Ids count up from 1 (vLLM's first valid id), one per publish, never reused. The newest `keep` folders are
+    kept; older ones are deleted, since vLLM has loaded an adapter by the time a newer one exists.
+    """
+
+    def __init__(self, folder: str | Path, served_name: str, *, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.served_name = served_name
+        self.keep = keep
+        self.current: AdapterRef | None = None
+
+    def publish(self, model, version: int) -> AdapterRef:
+        """Save `model`'s training adapter (peft's `default`) as `version` and make it current."""
+        if version < 0:
+            raise ValueError(f"adapter versions start at 0, got {version}")
+        # ids only grow, even when a resumed run re-publishes an earlier step: an id is never reused
+        version_id = self.current.lora_int_id + 1 if self.current is not None else 1
+        path = self.folder / f"v{version}"
+        if path.exists():
+            shutil.rmtree(path)
+        model.save_pretrained(str(path), selected_adapters=["default"])
+        self.current = AdapterRef(f"{self.served_name}@v{version}", version_id, str(path), version)
+        self._prune(version)
+        return self.current
+
+    def _prune(self, newest: int) -> None:
+        versions = sorted(int(p.name[1:]) for p in self.folder.glob("v*") if p.name[1:].isdigit())
+        for v in versions:
+            if v != newest and v < newest - self.keep + 1:
+                shutil.rmtree(self.folder / f"v{v}", ignore_errors=True)
+
+
+def vllm_sampling_kwargs(params: SamplingParams, eos_token_ids: set[int]) -> dict[str, Any]:
+    """Arguments of `vllm.SamplingParams` for one grooves request.
+
+    top_k = 0 turns top-k off (as in the CPU sampler); logprobs = 0 returns the sampled token's
+    logprob only; the end-of-turn ids are passed as stop tokens because the engine is started
+    without the model's generation_config (whose sampling defaults would silently apply).
+    """
+    return {
+        "n": params.n,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": 0,
+        "seed": params.seed,
+        "stop": list(params.stop) or None,
+        "stop_token_ids": sorted(eos_token_ids),
+        "logprobs": 0,
+        "skip_special_tokens": True,
+    }
+
+
+def completion_from_vllm(output: Any) -> Completion:
+    """A vLLM `CompletionOutput` as a grooves `Completion` (ids, their logprobs, text, finish reason)."""
+    ids = [int(t) for t in output.token_ids]
+    if output.logprobs is None:
+        raise RuntimeError(
+            "vLLM returned no logprobs; the request must set logprobs=0 (see vllm_sampling_kwargs)"
+        )
+    logprobs = [float(output.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+    finish = "length" if output.finish_reason == "length" else "stop"
+    return Completion(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=finish)
+
+
+class VllmAdapters:
+    """The adapters of a `VLLMPolicy`: each training version published for vLLM, extra ones by reference.
+
+    Setting `version` (a resumed run, after loading a checkpoint) publishes the loaded weights as
+    that version; `bump` (after each optimizer step) publishes the new adapter and wakes the engine,
+    so the next request samples with it.
+    """
+
+    def __init__(
+        self, publisher: AdapterPublisher, model, lock: threading.RLock, wake_up: Callable[[], None]
+    ):
+        self.publisher = publisher
+        self._model = model
+        self.lock = lock
+        self._wake_up = wake_up
+        self._extra: dict[str, AdapterRef] = {}
+        self._extra_ids = 1_000_000  # extra adapters' ids live far above the training versions'
+        self._version = 0
+        self.publisher.publish(model, 0)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        with self.lock:
+            self._version = version
+            self.publisher.publish(self._model, version)
+
+    def bump(self) -> int:
+        with self.lock:
+            self._version += 1
+            self.publisher.publish(self._model, self._version)
+            self._wake_up()
+        return self._version
+
+    def load(self, path: str | Path, name: str) -> None:
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(
+                f"{path}: no adapter_config.json; pass a folder saved by peft (e.g. checkpoints/step_N/adapter)"
+            )
+        with self.lock:
+            self._extra_ids += 1
+            self._extra[name] = AdapterRef(name, self._extra_ids, str(path), 0)
+
+    def unload(self, name: str) -> None:
+        """Forget `name`; vLLM evicts its cached weights when the slot is needed (LRU)."""
+        with self.lock:
+            self._extra.pop(name, None)
+
+    def loaded(self) -> list[str]:
+        return list(self._extra)
+
+    def ref(self, name: str | None) -> AdapterRef:
+        """The adapter a request samples with: the current training version (None), or an extra one."""
+        if name is None:
+            return self.publisher.current
+        if name not in self._extra:
+            raise ValueError(f"adapter {name!r} is not loaded; loaded: {self.loaded()}")
+        return self._extra[name]
+
+
+class VLLMPolicy:
+    """A `Policy` that samples with vLLM and trains the peft model (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_model: str,
+        *,
+        lora: LoraConfig,
+        dtype: str = "bfloat16",
+        device: str = "cuda",
+        tool_format: str | None = None,
+        seed: int = 0,
+        served_name: str | None = None,
+        gpu_memory_utilization: float = 0.3,
+        sleep_level: int = 0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        adapter_dir: str | Path | None = None,
+        fast: FastMode | FastPaths = "on",
+        adapter_path: str | Path | None = None,
+    ):
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError(
+                "model.backend = 'vllm' needs vLLM on a CUDA machine: pip install 'grooves[vllm]' in a virtualenv "
+                "of its own (vLLM brings its own CUDA torch), or use model.backend = 'transformers'"
+            ) from exc
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"vllm.sleep_level must be 0 (never sleep), 1 or 2, got {sleep_level}")
+        self.fast_paths = speed.fast_paths(fast)  # the training side's: vLLM samples with its own kernels
+        speed.before_load(self.fast_paths, device)
+        self.served_name = served_name or base_model
+        self.model, self.tokenizer = load_model(
+            base_model, lora=lora, dtype=dtype, device=device, adapter_path=adapter_path
+        )
+        self.trainable = True
+        self.lock = threading.RLock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.prompts = PromptState(
+            self.tokenizer,
+            tool_format=tool_format,
+            eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
+            max_context=max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048)),
+        )
+        self.sleep_level = sleep_level
+        self.llm = LLM(
+            model=resolve_model(base_model),
+            dtype=dtype,
+            seed=seed,
+            enable_lora=True,
+            max_lora_rank=lora_rank_cap(lora.rank),
+            max_loras=2,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep_level > 0,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            max_model_len=self.prompts.max_context,
+            enforce_eager=enforce_eager,
+        )
+        self._asleep = False
+        folder = adapter_dir or tempfile.mkdtemp(prefix="grooves-vllm-adapters-")
+        self.adapters = VllmAdapters(
+            AdapterPublisher(folder, self.served_name), self.model, self.lock, self.wake_up
+        )
+
+    @contextlib.contextmanager
+    def training_phase(self) -> Iterator[None]:
+        """The optimizer step's span: with `sleep_level` > 0 the engine sleeps through it (woken by
+        the next `adapters.bump`); the training speed paths of `model.fast` apply."""
+        if self.sleep_level > 0 and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = True
+        with speed.training(self.fast_paths, self.model):
+            yield
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None = None,
+        cancelled=None,
+    ) -> list[list[Completion]]:
+        """Sample completions for several prompts in one vLLM batch (blocking).
+
+        `cancelled` is accepted for the batch scheduler's interface but not acted on: the offline
+        `LLM.generate` finishes a batch it has started.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.lora.request import LoRARequest
+
+        if len(prompts) != len(params):
+            raise ValueError("prompts and params must have the same length")
+        with self.lock:
+            self.wake_up()
+            ref = self.adapters.ref(adapter)
+            request = LoRARequest(ref.name, ref.lora_int_id, ref.path)
+            sampling = [
+                VllmSamplingParams(**vllm_sampling_kwargs(p, self.prompts.eos_token_ids)) for p in params
+            ]
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompts],
+                sampling,
+                lora_request=request,
+                use_tqdm=False,
+            )
+        return [[completion_from_vllm(o) for o in out.outputs] for out in outputs]

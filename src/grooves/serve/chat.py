@@ -1,0 +1,251 @@
+"""The chat completions endpoints: `/v1/models` and `/v1/chat/completions`.
+
+A request is checked (model, limits, content parts, tools, parameters the sampler cannot honour),
+its prompt rendered by the policy on a worker thread (a long prompt does not stall the event loop),
+and it is sampled through the app's `BatchScheduler` with the adapter its `model` names. A failure
+while sampling fails only this request (a JSON 500 that leaves the connection open); a request
+whose client disconnects is withdrawn from the sampler at its next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import jsonschema
+from fastapi import APIRouter, Request
+
+from grooves.policy.base import ContextOverflow, Policy
+from grooves.policy.batching import BatchScheduler
+from grooves.policy.sampling import Completion, SamplingParams
+from grooves.serve.errors import APIError
+from grooves.serve.routing import AdapterTable, UnknownModel
+from grooves.serve.schemas import ChatRequest, Message, choice_body, completion_body, logprobs_block
+
+log = logging.getLogger("grooves.server")
+
+_FN_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def chat_router(
+    policy: Policy,
+    scheduler: BatchScheduler,
+    adapters: AdapterTable,
+    *,
+    max_n: int,
+    max_request_tokens: int | None,
+) -> APIRouter:
+    """The two endpoints over `policy`, sampling through `scheduler`, routing names with `adapters`."""
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def models():
+        data = [
+            {"id": r.name, "object": "model", "owned_by": "grooves", "created": 0}
+            | ({"parent": policy.served_name, "root": r.path} if r.name != policy.served_name else {})
+            for r in adapters.routes()
+        ]
+        return {"object": "list", "data": data}
+
+    @router.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        if req.model not in adapters.names():
+            raise APIError(
+                404,
+                f"model {req.model!r} is not served here; available: {adapters.names()}",
+                "model",
+                "model_not_found",
+            )
+        refuse_unsupported(req)
+        if req.n > max_n:
+            raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
+        max_tokens = req.max_completion_tokens or req.max_tokens or 256
+        if max_request_tokens is not None and req.n * max_tokens > max_request_tokens:
+            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            raise APIError(
+                400,
+                f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
+                f"limit of {max_request_tokens} per request; lower n or {name}",
+                name,
+            )
+        check_content(req.messages)
+        validate_tools(req.tools)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = req.tools if req.tool_choice != "none" else None
+
+        def render() -> list[int]:  # tokenizing a long prompt takes a while: not on the event loop
+            ids = policy.prompts.render(messages, tools)
+            policy.prompts.check_fits(ids, max_tokens)
+            return ids
+
+        try:
+            prompt_ids = await asyncio.to_thread(render)
+        except ContextOverflow as exc:
+            raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
+        except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
+            raise APIError(
+                400, f"messages could not be rendered by the chat template: {exc}", "messages"
+            ) from exc
+        params = SamplingParams(
+            n=req.n,
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop or [],
+            seed=req.seed,
+        )
+        try:
+            with adapters.lease(
+                req.model
+            ) as route:  # the adapter stays loaded until this request is answered
+                version = adapters.version_of(route)
+                completions = await _sample_unless_gone(
+                    scheduler, request, prompt_ids, params, route.adapter_id
+                )
+        except UnknownModel as exc:  # removed while this request was being rendered
+            raise APIError(404, str(exc), "model", "model_not_found") from exc
+        return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
+
+    return router
+
+
+def validate_tools(tools: list[dict[str, Any]] | None) -> None:
+    """OpenAI function tools: a name matching [a-zA-Z0-9_-]{1,64} and a JSON-schema `parameters`."""
+    for i, tool in enumerate(tools or []):
+        where = f"tools[{i}]"
+        if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise APIError(400, f"{where}: expected {{'type': 'function', 'function': {{...}}}}", param=where)
+        fn = tool["function"]
+        if not isinstance(fn.get("name"), str) or not _FN_NAME.match(fn["name"]):
+            raise APIError(
+                400, f"{where}.function.name must match [a-zA-Z0-9_-]{{1,64}}", param=f"{where}.function.name"
+            )
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        try:
+            jsonschema.Draft202012Validator.check_schema(params)
+        except jsonschema.SchemaError as exc:
+            raise APIError(
+                400,
+                f"{where}.function.parameters is not a valid JSON schema: {exc.message}",
+                param=f"{where}.function.parameters",
+            ) from exc
+        if (
+            not isinstance(params, dict) or params.get("type", "object") != "object"
+        ):  # `true` is a valid schema too
+            raise APIError(
+                400,
+                f"{where}.function.parameters must be an object schema",
+                param=f"{where}.function.parameters",
+            )
+
+
+def check_content(messages: list[Message]) -> None:
+    """Only text reaches a text model: an image, audio or file part is refused, not silently dropped."""
+    for i, m in enumerate(messages):
+        if not isinstance(m.content, list):
+            continue
+        for j, part in enumerate(m.content):
+            where = f"messages[{i}].content[{j}]"
+            if part.get("type") != "text":
+                raise APIError(
+                    400,
+                    f"{where}.type is {part.get('type')!r}: this server serves a text-only model and takes "
+                    "only {'type': 'text', 'text': '...'} parts",
+                    f"{where}.type",
+                )
+            if not isinstance(part.get("text"), str):
+                raise APIError(400, f"{where}.text must be a string", f"{where}.text")
+
+
+def refuse_unsupported(req: ChatRequest) -> None:
+    """Parameters the sampler cannot honour are a 400 at any value that would change the output."""
+    if req.stream:
+        raise APIError(400, "stream=true is not supported; request without streaming", "stream")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise APIError(
+            400,
+            f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'",
+            "tool_choice",
+        )
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise APIError(400, "response_format other than {'type': 'text'} is not supported", "response_format")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", "logit_bias")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0):
+            raise APIError(400, f"{name} is not supported; leave it at 0", name)
+
+
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, prompt_ids, params, adapter):
+    """The request's completions; if its client disconnects first, the scheduler drops its rows."""
+    sampling = asyncio.ensure_future(scheduler.submit(prompt_ids, params, adapter=adapter))
+    # if this handler is cancelled, the sampling may still end with an error (the sampler closing
+    # under a Ctrl-C); it is read here, so asyncio never prints it as an exception nobody retrieved
+    sampling.add_done_callback(_read_outcome)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({sampling, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not sampling.done():  # the client left (or this handler was cancelled): withdraw the request
+            sampling.cancel()
+    if not sampling.done() or sampling.cancelled():
+        raise APIError(
+            499, "the client closed the connection before the completion was ready", code="client_closed"
+        )
+    try:
+        return sampling.result()
+    except Exception as exc:  # this request's own failure; requests batched with it were answered
+        log.error("sampling failed: %s: %s", type(exc).__name__, exc)
+        raise APIError(500, f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone. The body is already read, so the next ASGI message the
+    server sends this request is `http.disconnect` (or none, until the response is complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _response(
+    policy: Policy,
+    req: ChatRequest,
+    messages,
+    tools,
+    prompt_ids: list[int],
+    completions: list[Completion],
+    version: int | None,
+    adapter_id: str | None = None,
+) -> dict[str, Any]:
+    """The chat completion: each sample parsed into a message (tool calls included) and remembered
+    with its token ids, so a later turn of the conversation continues them exactly."""
+    choices = []
+    for i, c in enumerate(completions):
+        parsed = policy.prompts.parse(c.text, tools)
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            message["tool_calls"] = parsed.tool_calls
+        policy.prompts.remember(messages, tools, message, prompt_ids, c)
+        finish = "tool_calls" if parsed.tool_calls else c.finish_reason
+        block = logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None
+        choices.append(
+            choice_body(
+                i,
+                message,
+                finish,
+                c,
+                prompt_ids,
+                logprobs=block,
+                adapter_version=version,
+                adapter_id=adapter_id,
+                temperature=req.temperature,
+            )
+        )
+    return completion_body(req.model, choices, len(prompt_ids), sum(len(c.token_ids) for c in completions))

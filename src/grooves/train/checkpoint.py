@@ -1,0 +1,253 @@
+"""Checkpoints: everything needed to continue a run as if it had never stopped.
+
+A checkpoint is a folder `checkpoints/step_000012/` holding the adapter (peft format, loadable by
+`grooves serve --adapter`), the optimizer state, every RNG state, the data position and the
+resolved config. It is written to a temporary folder and renamed into place, so a run killed
+mid-write leaves the previous checkpoint intact, never a half-written one.
+
+What can still go wrong is the disk: a file truncated or changed after it was written (a full
+disk, a copy cut short, a bad sector). So the last file written is `manifest.json`, the size and
+sha256 of every other file, and a checkpoint is used only if every file matches it. Resuming
+takes the newest intact checkpoint; each newer one that fails the check is named on one line
+with what is wrong, and skipped.
+
+Loading never runs code from the checkpoint: `optimizer.pt` and `rng.pt` hold only tensors,
+numbers and lists (the RNG states are stored as tensors, not as pickled Python and numpy
+objects) and are read with `torch.load(weights_only=True)`. Checkpoints written before this
+format (state.json without `format`, no manifest) still load: their `rng.pt` holds a numpy
+array, which is read with only numpy's array reconstruction allowed besides tensors, and they
+are used unverified because they carry no checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINT_PREFIX = "step_"
+FORMAT = 2
+"""`format` in state.json: 2 = RNG states as tensors, manifest.json with checksums; absent = older."""
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names it and says what is wrong."""
+
+
+@dataclass
+class TrainState:
+    step: int
+    """Number of optimizer steps completed."""
+    data_position: int
+    """How many training scenarios have been consumed (across epochs)."""
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def save_checkpoint(
+    run_dir: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, keep: int
+) -> Path:
+    final = checkpoint_dir(run_dir, state.step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / "adapter")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng_states(policy_generator), tmp / "rng.pt")
+    (tmp / "state.json").write_text(
+        json.dumps({"step": state.step, "data_position": state.data_position, "format": FORMAT})
+    )
+    (tmp / "config.toml").write_text(config_toml)
+    _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    _prune(run_dir / "checkpoints", keep)
+    return final
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the RNGs a run draws from besides the policy's own generator: Python's, numpy's, torch's."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_states(policy_generator) -> dict[str, torch.Tensor]:
+    """Every RNG state the run draws from, as tensors (loadable with `weights_only=True`)."""
+    version, mt, gauss = random.getstate()  # (3, 625 ints below 2**32, None or a float)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # ("MT19937", uint32[624], ...)
+    return {
+        "torch": torch.get_rng_state(),
+        "policy": policy_generator.get_state(),
+        "python": torch.tensor([version, *mt], dtype=torch.int64),
+        "python_gauss": torch.tensor([] if gauss is None else [gauss], dtype=torch.float64),
+        "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "numpy_pos": torch.tensor([pos, has_gauss], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([cached], dtype=torch.float64),
+    }
+
+
+def set_rng_states(states: dict, policy_generator) -> None:
+    torch.set_rng_state(states["torch"])
+    policy_generator.set_state(states["policy"])
+    if isinstance(states["python"], tuple):  # the older format kept Python's and numpy's own objects
+        random.setstate(states["python"])
+        np.random.set_state(states["numpy"])
+        return
+    python = states["python"].tolist()
+    gauss = states["python_gauss"].tolist()
+    random.setstate((python[0], tuple(python[1:]), gauss[0] if gauss else None))
+    pos, has_gauss = states["numpy_pos"].tolist()
+    np.random.set_state(
+        (
+            "MT19937",
+            states["numpy"].numpy().astype(np.uint32),
+            pos,
+            has_gauss,
+            float(states["numpy_gauss"][0]),
+        )
+    )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in _files(folder)
+    }
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What is wrong with the checkpoint at `path` (a short phrase), or None if it is intact."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except FileNotFoundError:
+        return "state.json is missing"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "state.json is not JSON"
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return (
+            "manifest.json is missing" if state.get("format") else None
+        )  # older checkpoints carry no checksums
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        return "manifest.json is not readable"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {expected['bytes']}"
+        if _sha256(file) != expected["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def _prune(folder: Path, keep: int) -> None:
+    done = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
+    )
+    for old in done[:-keep]:
+        shutil.rmtree(old)
+
+
+def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
+    """The newest intact checkpoint of a run, or None. Each newer one that fails `checkpoint_problem`
+    is skipped and reported to `warn` (one line naming it, what is wrong and what is used instead)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return None
+    found = sorted(
+        (
+            p
+            for p in folder.iterdir()
+            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and not p.name.endswith(".tmp")
+        ),
+        reverse=True,
+    )
+    skipped: list[tuple[Path, str]] = []
+    for path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            for bad, why in skipped:
+                if warn is not None:
+                    warn(f"checkpoint {bad} is damaged ({why}); falling back to {path.name}")
+            return path
+        skipped.append((path, problem))
+    if skipped:
+        details = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(f"no intact checkpoint in {folder} ({details}); start again with --overwrite")
+    return None
+
+
+def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainState:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    try:
+        result = set_peft_model_state_dict(model, adapter)
+    except RuntimeError as exc:  # shapes differ: another lora.rank or base model
+        detail = next(
+            (line.strip() for line in str(exc).splitlines() if "size mismatch" in line),
+            str(exc).splitlines()[0],
+        )
+        raise CheckpointError(
+            f"{path}: the adapter does not fit this run (lora.rank or model.base_model changed?): {detail}"
+        ) from None
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: the adapter's layers are not this run's (lora.target_modules or model.base_model changed?): "
+            f"{len(missing)} missing, {len(unexpected)} unexpected, e.g. {(missing + unexpected)[0]}"
+        )
+    try:
+        optimizer.load_state_dict(_load_tensors(path / "optimizer.pt"))
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: optimizer.pt does not fit this run's adapter: {exc}") from None
+    info = json.loads((path / "state.json").read_text())
+    set_rng_states(_load_tensors(path / "rng.pt", legacy_numpy=not info.get("format")), policy_generator)
+    return TrainState(step=info["step"], data_position=info["data_position"])
+
+
+def _load_tensors(file: Path, legacy_numpy: bool = False):
+    """`torch.load(weights_only=True)`: tensors, numbers, strings and containers only, never code.
+    `legacy_numpy` also admits numpy arrays (rebuilt from their bytes), which older checkpoints hold."""
+    import pickle
+
+    allowed = (
+        [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))] if legacy_numpy else []
+    )
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(file, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{file}: cannot be loaded safely ({first})") from None

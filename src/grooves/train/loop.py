@@ -1,0 +1,434 @@
+"""The training loop. Read `run` top to bottom: it is the whole algorithm.
+
+    for each step:
+        scenarios   <- next `groups_per_step` training scenarios (deterministic order, resumable)
+        groups      <- `group_size` rollouts of each, through the OpenAI-compatible policy client
+        rewards     <- set by the task's rollout, then by an optional group scorer (judges, gates)
+        advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
+        sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
+        loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
+        update      <- one AdamW step with grad clipping; the live adapter is now version step+1
+        log         <- metrics.jsonl, samples, reward curve, checkpoint, validation every K steps
+
+Sampler and trainer are the same peft model here, so "hot-swap" is free: the next request is
+answered by the weights this step produced, and each sampled turn records the adapter version
+that produced it (checked against the step, so stale weights can't go unnoticed).
+
+Metric keys written per step (metrics.jsonl):
+  step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
+  groups_zero_variance_fraction, advantage_abs_mean, loss, policy_loss, kl_mean, clip_fraction,
+  ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
+  nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
+  sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
+  seconds_rollout, seconds_score, seconds_train, seconds_step;
+  and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add
+  task/<name>/{reward_mean,success_rate,groups} per step and val/task/<name>/... on validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from grooves.config import RunConfig, check_against_model, dump_config
+from grooves.core.gather import RolloutFn, gather
+from grooves.core.handle import ModelHandle
+from grooves.core.trajectory import TrajectoryGroup
+from grooves.jsonl import read_jsonl
+from grooves.policy import policy_for
+from grooves.policy.base import Policy
+from grooves.report.write import write_report
+from grooves.scale import start_rollouts
+from grooves.serve.app import create_app, inprocess_client
+from grooves.tasks import Task
+from grooves.tasks.mixture import build_task, task_metrics
+from grooves.train.checkpoint import (
+    CheckpointError,
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+)
+from grooves.train.data import train_stream
+from grooves.train.optim import adamw
+from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.step import optimize, run_loss, to_sequences
+from grooves.watch import Watch
+
+GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
+"""Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
+and returns metrics to log (a dict, or an object with `.metrics()` such as
+`rewards.Composite.score_groups`'s result), e.g. judge tokens per step."""
+
+StepObserver = Callable[[int, dict[str, Any], list[TrajectoryGroup]], dict[str, Any] | None]
+"""Watches a step (e.g. the reward-hacking watch). May add metrics; never changes training."""
+
+
+def build_policy(config: RunConfig) -> Policy:
+    """The run's policy: `model.backend` with the `[model]`, `[lora]` and `[vllm]` sections."""
+    return policy_for(config.model, config.lora, seed=config.seed, served_name=config.name, vllm=config.vllm)
+
+
+async def run(
+    config: RunConfig,
+    *,
+    task: Task | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    score: GroupScorer | None = None,
+    observers: Sequence[StepObserver] = (),
+    watch: Watch | None = None,
+    stop_after: int | None = None,
+) -> Path:
+    """Train according to `config`; returns the run directory. `stop_after` ends early (tests).
+
+    The run folder holds one run: a folder with checkpoints is continued with `resume` or replaced
+    with `overwrite` (the old run's outputs are deleted once the model has loaded), else refused;
+    a second trainer on the folder is refused while this one runs (see `runlog.lock_run_dir`). A
+    start that fails leaves the folder as it was. However the run ends (done, an error, Ctrl-C),
+    the folder is unlocked and the sampler thread and rollout workers are stopped before this
+    returns or raises.
+
+    `watch` replaces the reward-hacking watch `config.watch` describes, e.g. one built with an
+    `embed` or `rescore` function (`Watch(config.watch, embed=..., rescore=...)`); without a run
+    directory of its own it writes into the run's.
+    """
+    async with contextlib.AsyncExitStack() as closing:
+        # the folder, the checkpoint to continue and the task: everything that can refuse the start
+        run_dir = Path(config.output_dir)
+        closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
+        checkpoint = _checkpoint_to_resume(run_dir, resume, overwrite)  # verified before the model loads
+        seed_everything(config.seed)
+        task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
+        check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+
+        # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
+        policy = build_policy(config)
+        app = create_app(policy)
+        closing.callback(
+            app.state.scheduler.close
+        )  # an exit while its thread is inside torch aborts the process
+        client = inprocess_client(app)
+        closing.push_async_callback(client.close)
+        r = config.rollout
+        handle = ModelHandle(
+            client, policy.served_name, r.temperature, r.top_p, r.max_tokens, seed=config.seed
+        )
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        optimizer = adamw(
+            params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
+        )
+        loss = run_loss(config)  # [algorithm], configured once
+        stream = train_stream(
+            task, config.seed
+        )  # ScenarioStream; per-task streams drawn by weight for a mixture
+        rollouts = start_rollouts(
+            config.rollout, task.rollout, policy
+        )  # in this process, or Ray actors over HTTP
+        closing.callback(rollouts.close)
+
+        # continue the checkpoint, or start afresh; the folder changes only now
+        state = TrainState(step=0, data_position=0)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+            stream.position = state.data_position
+            policy.adapters.version = state.step
+        else:
+            clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
+        log = RunLog(run_dir)
+        log.truncate_after(state.step if checkpoint is not None else -1)  # on resume: no step appears twice
+        config_toml = dump_config(config)
+        (run_dir / "config.toml").write_text(config_toml)
+        if state.step == 0:
+            val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score)
+            log.log({"step": 0, **val_metrics})
+            log.samples(0, val_groups, name="validation")
+        watch = _start_watch(config, log, watch, resumed_at=state.step if checkpoint is not None else None)
+        observers = [*observers, watch.observe_step] if watch is not None else list(observers)
+
+        bar = closing.enter_context(_step_bar(config, state.step))
+        last = min(config.steps, stop_after) if stop_after is not None else config.steps
+        while state.step < last:
+            step = state.step + 1
+            t0 = time.perf_counter()
+            # rollouts: groups of `group_size` on the next scenarios, rewards set by the task
+            picked = stream.take(config.rollout.groups_per_step)
+            groups = await gather(
+                rollouts.rollout,
+                handle,
+                [s for _, s in picked],
+                config.rollout.group_size,
+                concurrency=config.rollout.concurrency,
+                max_failure_fraction=config.rollout.max_failure_fraction,
+                progress=config.logging.progress,
+                description=f"step {step} rollouts",
+                seed_key=(step,),
+            )
+            t_rollout = time.perf_counter()
+            # rewards of whole groups: judges, reward models, gates
+            score_metrics = _as_metrics(await score(groups)) if score is not None else {}
+            t_score = time.perf_counter()
+            # advantages and token sequences, then one optimizer step; the next request samples the new adapter
+            _check_on_policy(groups, policy.adapters.version)
+            seqs, seq_stats = to_sequences(groups, config)
+            train_stats = optimize(policy, optimizer, seqs, loss, config.optim) if seqs else {"loss": 0.0}
+            policy.adapters.bump()
+            t_train = time.perf_counter()
+
+            metrics: dict[str, Any] = {
+                "step": step,
+                **_reward_stats(groups),
+                **task_metrics(groups),
+                **score_metrics,
+                **seq_stats,
+                **train_stats,
+            }
+            metrics.update(
+                lr=config.optim.lr,
+                adapter_version=policy.adapters.version,
+                seconds_rollout=t_rollout - t0,
+                seconds_score=t_score - t_rollout,
+                seconds_train=t_train - t_score,
+            )
+            if config.validation.every and step % config.validation.every == 0 or step == config.steps:
+                val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout, score)
+                metrics.update(val_metrics)
+                log.samples(step, val_groups, name="validation")
+            for observe in observers:  # after validation: the watch compares val/ metrics with the reward
+                metrics.update(observe(step, metrics, groups) or {})
+            metrics["seconds_step"] = time.perf_counter() - t0
+
+            # the run folder: metrics, samples, checkpoint, reward curve
+            state = TrainState(step=step, data_position=stream.position)
+            log.log(metrics)
+            if step % config.logging.samples_every == 0:
+                log.samples(step, groups)
+            if step % config.logging.checkpoint_every == 0 or step == config.steps:
+                save_checkpoint(
+                    run_dir,
+                    state,
+                    policy.model,
+                    optimizer,
+                    policy.generator,
+                    config_toml,
+                    config.logging.keep_checkpoints,
+                )
+            log.plot()
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
+            if watch is not None and watch.should_pause:
+                save_checkpoint(
+                    run_dir,
+                    state,
+                    policy.model,
+                    optimizer,
+                    policy.generator,
+                    config_toml,
+                    config.logging.keep_checkpoints,
+                )
+                print(
+                    f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume",
+                    flush=True,
+                )
+                break
+        bar.close()
+        write_report(run_dir)
+        return run_dir
+
+
+def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
+    """The newest intact checkpoint when resuming (None otherwise); refuses a folder that holds
+    another run unless `overwrite` (see `runlog.check_run_dir`)."""
+    check_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    checkpoint = latest_checkpoint(run_dir, warn=_say) if resume else None
+    if resume and checkpoint is None:
+        raise RunFolderError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
+    return checkpoint
+
+
+async def validate(
+    task: Task,
+    handle: ModelHandle,
+    config: RunConfig,
+    step: int,
+    rollout: RolloutFn | None = None,
+    score: GroupScorer | None = None,
+) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    """`rollout` runs each validation rollout (default: the task's own, in this process).
+
+    `score` is the training run's group scorer: validation rewards come from the same judges and
+    gates as training rewards, so val/reward_mean means what reward_mean means (its metrics, such
+    as judge coverage, are logged under val/ too).
+    """
+    scenarios = task.scenarios("validation")[: config.validation.scenarios]
+    val_handle = ModelHandle(
+        handle.client,
+        handle.name,
+        config.validation.temperature,
+        1.0,
+        handle.max_tokens,
+        seed=config.seed + 1,
+    )
+    groups = await gather(
+        rollout or task.rollout,
+        val_handle,
+        scenarios,
+        config.validation.samples,
+        concurrency=config.rollout.concurrency,
+        max_failure_fraction=1.0,
+        progress=config.logging.progress,
+        description=f"validation @ {step}",
+        seed_key=(step,),
+    )
+    scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
+    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
+
+
+def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
+    trajs = [t for g in groups for t in g.ok]
+    rewards = [t.reward for t in trajs]
+    out: dict[str, float] = {
+        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
+        if trajs
+        else float("nan"),
+    }
+    if not prefix:
+        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        signals = sorted({k for t in trajs for k in t.rewards})
+        for name in signals:
+            vals = [t.rewards[name] for t in trajs if name in t.rewards]
+            out[f"reward/{name}_mean"] = statistics.fmean(vals)
+        out["rollouts"] = float(sum(len(g) for g in groups))
+        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
+        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
+        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
+    return out
+
+
+class _WatchObserver:
+    def __init__(self, watch: Watch):
+        self.watch = watch
+
+    @property
+    def should_pause(self) -> bool:
+        return self.watch.should_pause
+
+    def observe_step(
+        self, step: int, metrics: dict[str, Any], groups: list[TrajectoryGroup]
+    ) -> dict[str, Any]:
+        self.watch.observe(step, metrics, groups)
+        return dict(self.watch.stats)
+
+
+def _start_watch(
+    config: RunConfig, log: RunLog, given: Watch | None, resumed_at: int | None
+) -> _WatchObserver | None:
+    """The run's watch (`given`, else the one `config.watch` describes, if enabled); on a resumed
+    run the detectors first judge the steps so far again, to rebuild their history."""
+    if given is not None:
+        given.run_dir = given.run_dir or log.dir
+        watch = given
+    elif config.watch.enabled:
+        watch = Watch(config.watch, run_dir=log.dir)
+    else:
+        return None
+    if resumed_at is not None:  # the detectors judge the next step against the whole run so far
+        watch.resume(resumed_at, _watch_history(log, resumed_at))
+    return _WatchObserver(watch)
+
+
+def _watch_history(log: RunLog, upto: int) -> Iterator[tuple[int, dict[str, Any], list[TrajectoryGroup]]]:
+    """Steps 1..`upto` as the watch observed them: each logged row without what the step added after
+    its observers ran (the watch's own statistics, the step's total seconds), and the step's groups
+    where samples/ has them (`logging.samples_every`; else the text detectors skip that step)."""
+    for row in sorted(log.rows(), key=lambda r: r["step"]):
+        step = row["step"]
+        if not 1 <= step <= upto or "reward_mean" not in row:
+            continue
+        metrics = {k: v for k, v in row.items() if not k.startswith("watch/") and k != "seconds_step"}
+        yield step, metrics, log.step_samples(step) or []
+
+
+def _as_metrics(result: Any) -> dict[str, float]:
+    if result is None:
+        return {}
+    return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
+
+
+def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
+    """Every turn sampled this step must come from the adapter the trainer is about to update."""
+    stale = {
+        t.adapter_version
+        for g in groups
+        for tr in g.ok
+        for t in tr.turns
+        if t.adapter_version not in (None, version)
+    }
+    if stale:
+        raise RuntimeError(
+            f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}"
+        )
+
+
+def _step_bar(config: RunConfig, start: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=config.steps,
+        initial=start,
+        desc=config.name,
+        disable=not config.logging.progress,
+        dynamic_ncols=True,
+    )
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) ended a run. The message says where: the last step logged and the
+    checkpoint `--resume` continues from (`checkpoint_step`, None when none was written)."""
+
+    def __init__(self, message: str, checkpoint_step: int | None):
+        super().__init__(message)
+        self.checkpoint_step = checkpoint_step
+
+
+def train(config: RunConfig, **options) -> Path:
+    """Synchronous entry point: `grooves.train(load_config("run.toml"))`.
+
+    Ctrl-C cancels the run at its next await (a step's rollouts, scoring or validation; an
+    optimizer step or checkpoint being written finishes first), `run` releases what it holds,
+    and this raises `RunInterrupted` saying where the run stopped.
+    """
+    try:
+        return asyncio.run(run(config, **options))
+    except KeyboardInterrupt:
+        raise _interrupted(Path(config.output_dir), config.steps) from None
+
+
+def _interrupted(run_dir: Path, steps: int) -> RunInterrupted:
+    """Where an interrupted run stopped, read from its folder (what a resume will see)."""
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        rows = read_jsonl(metrics) if metrics.exists() else []
+        checkpoint = latest_checkpoint(run_dir)
+    except (ValueError, CheckpointError):  # a damaged file: say what can be said
+        rows, checkpoint = [], None
+    done = max((r.get("step", 0) for r in rows if "loss" in r), default=0)
+    if checkpoint is None:
+        return RunInterrupted(f"interrupted after step {done} of {steps}, before the first checkpoint", None)
+    step = int(json.loads((checkpoint / "state.json").read_text())["step"])
+    return RunInterrupted(
+        f"interrupted after step {done} of {steps}; the last checkpoint is step {step} ({checkpoint})", step
+    )
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

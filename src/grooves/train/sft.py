@@ -1,0 +1,295 @@
+"""Supervised fine-tuning of the same LoRA adapter on example chats (`grooves sft`).
+
+Data is JSONL, one OpenAI-style chat per line: `{"messages": [...], "tools": [...]}` (tools
+optional). The loss is the mean negative log-likelihood of the assistant's tokens only, so the
+adapter learns to write the answers, not to predict the user's questions or the system prompt.
+
+Each chat becomes one `TrainSequence` laid out exactly as the sampler would have produced it
+(token in, token out), rendered by the policy's own prompt code (`policy.prompts`: the model's
+chat template, its tool format, control-token text kept as text):
+
+    ids  = enc(prompt_1) + enc(content_1) + [eot] + enc(between_1_2) + enc(content_2) + [eot] ...
+    mask =    False...      True...         True      False...            True...        True
+
+`prompt_1` is the template's text up to and including the assistant header; `content_k` is the
+text the template writes for assistant message k, up to the end-of-turn token `eot`; the text the
+template adds after `eot` (SmolLM2: a newline), the next user turn and the next assistant header
+are context. This is the sequence the RL sampler records for the same conversation (each turn
+encoded on its own, the end-of-turn token sampled as one id), so an SFT adapter and an RL adapter
+are trained on the same token layout. A template that rewrites earlier turns is refused.
+
+Training reuses the RL path: sequences are batched by `core.batching.micro_batches` (the chats'
+common system prompt and tool list run once per micro-batch), logprobs come from `core.forward`, the step's span is RL's (`train.step.gradient_step`),
+checkpoints come from `train.checkpoint.save_checkpoint` (so `grooves export`,
+`grooves serve --adapter`, `grooves adapters list` and the registry treat an SFT run like an RL
+run), and an optional task validates the adapter the same way `grooves train` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grooves.config.base import dump
+from grooves.config.sft import SftConfig
+from grooves.core.batching import micro_batches
+from grooves.core.forward import shared_prefix_logprobs, token_logprobs
+from grooves.core.gather import gather
+from grooves.core.handle import ModelHandle
+from grooves.core.tokenize import TrainSequence
+from grooves.policy import policy_for
+from grooves.policy.base import Policy
+from grooves.policy.prompts import PromptState
+from grooves.policy.tool_format import turn_problem
+from grooves.serve.app import inprocess_client
+from grooves.tasks import load_task
+from grooves.train.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+)
+from grooves.train.data import ScenarioStream
+from grooves.train.optim import adamw
+from grooves.train.runlog import RunLog
+from grooves.train.step import gradient_step
+
+
+# ---- chats -> sequences --------------------------------------------------------------------
+class ChatError(ValueError):
+    """A chat that cannot be trained on; the message names the line and the message index."""
+
+
+def read_chats(path: str | Path) -> list[dict[str, Any]]:
+    """Chats of a JSONL file, each checked to have messages with roles and an assistant turn."""
+    chats = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            chat = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ChatError(f"{where}: not valid JSON ({exc.msg})") from None
+        messages = chat.get("messages") if isinstance(chat, dict) else None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ChatError(f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ChatError(f"{where}: no assistant message, so nothing to train on")
+        chats.append({"messages": messages, "tools": chat.get("tools"), "line": lineno})
+    if not chats:
+        raise ChatError(f"{path}: no chats")
+    return chats
+
+
+def chat_to_sequence(
+    prompts: PromptState, messages: list[dict[str, Any]], tools=None, *, where: str = "chat"
+) -> TrainSequence:
+    """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens.
+
+    The text is the policy's own rendering (`PromptState.template_text` and `encode`, as the sampler
+    renders prompts), so control-token text inside a message stays text here too. Each assistant
+    turn must parse back, with the policy's tool format, to the tool calls and content it holds
+    (`tool_format.turn_problem`); a turn that does not is refused with its place in `where`."""
+    tokenizer, guard = prompts.tokenizer, prompts.guard
+    eos_texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in prompts.eos_token_ids}
+    ids: list[int] = []
+    mask: list[bool] = []
+    consumed = ""  # the template text already turned into ids
+    prompt_len = None
+    turn = 0
+    for k, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            if message.get("tool_calls"):
+                raise ChatError(
+                    f"{where}, message {k}: a {message.get('role')} message with tool_calls; only assistant turns call tools"
+                )
+            continue
+        turn += 1
+        prompt = prompts.template_text(messages[:k], tools, add_generation_prompt=True)
+        upto = prompts.template_text(messages[: k + 1], tools, add_generation_prompt=False)
+        if not prompt.startswith(consumed) or not upto.startswith(prompt):
+            raise ChatError(
+                f"{where}, message {k}: the chat template rewrites earlier turns (not append-only); cannot mask it"
+            )
+        found = {i: guard.find(upto, text, len(prompt)) for i, text in eos_texts.items()}
+        ends = [(at, i) for i, at in found.items() if at >= 0]
+        if not ends:
+            raise ChatError(
+                f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it"
+            )
+        end, eos_id = min(ends)
+        problem = turn_problem(prompts.tool_format, guard.unmark(upto[len(prompt) : end]), message, tools)
+        if problem:
+            raise ChatError(f"{where}: assistant turn {turn} (message {k}): {problem}")
+        context, content = prompts.encode(prompt[len(consumed) :]), prompts.encode(upto[len(prompt) : end])
+        prompt_len = len(ids) + len(context) if prompt_len is None else prompt_len
+        ids += context + content + [eos_id]
+        mask += [False] * len(context) + [True] * (len(content) + 1)
+        consumed = upto[: end + len(eos_texts[eos_id])]
+    return TrainSequence(ids, mask, [0.0] * len(ids), advantage=1.0, group_id=0, prompt_len=prompt_len or 0)
+
+
+# ---- training ------------------------------------------------------------------------------
+def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftConfig) -> dict[str, float]:
+    """One optimizer step: token-mean NLL of the assistant tokens of `seqs`, micro-batched.
+
+    As in RL (`train.step.gradient_step`), the update is this step's gradient alone: gradients an
+    earlier caller left in `.grad` are zeroed first."""
+    opt = config.optim
+    num_tokens = sum(s.num_sampled for s in seqs)
+    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
+    nll_sum = 0.0
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    with gradient_step(policy, optimizer) as model:
+        for batch, prefix_len in batches:
+            if prefix_len:  # the chats' common start (system prompt, tools) once
+                lp, _ = shared_prefix_logprobs(model, batch, prefix_len, 1.0)  # [B, T]
+            else:
+                lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
+            mask = batch.sampled_mask.to(lp.device)  # [B, T]
+            loss = -(lp * mask).sum() / num_tokens  # this micro-batch's share of the step's token mean
+            loss.backward()
+            nll_sum += float(-(lp.detach() * mask).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, opt.grad_clip)
+        optimizer.step()
+    return {
+        "loss": nll_sum / max(num_tokens, 1),
+        "assistant_tokens": float(num_tokens),
+        "grad_norm": float(grad_norm),
+        "micro_batches": float(len(batches)),
+    }
+
+
+async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[str, float], list]:
+    v = config.validation
+    groups = await gather(
+        task.rollout,
+        handle,
+        task.scenarios("validation")[: v.scenarios],
+        1,
+        max_failure_fraction=1.0,
+        progress=config.logging.progress,
+        description=f"validation @ {step}",
+        seed_key=(step,),
+    )
+    trajs = [t for g in groups for t in g.ok]
+    nan = float("nan")
+    return {
+        "val/reward_mean": statistics.fmean(t.reward for t in trajs) if trajs else nan,
+        "val/success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs) if trajs else nan,
+    }, groups
+
+
+def _policy(config: SftConfig) -> Policy:
+    return policy_for(config.model, config.lora, seed=config.seed, served_name=config.name)
+
+
+def load_sequences(path: str | Path, policy: Policy) -> list[TrainSequence]:
+    """The chats of a JSONL file as training sequences, rendered as `policy` renders prompts."""
+    return [
+        chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path}:{c['line']}")
+        for c in read_chats(path)
+    ]
+
+
+def _restore(run_dir: Path, resume: bool, policy, optimizer, stream, log: RunLog) -> TrainState:
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if checkpoint is None and resume:
+        raise FileNotFoundError(
+            f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume"
+        )
+    state = TrainState(step=0, data_position=0)
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+        stream.position = state.data_position
+    log.truncate_after(state.step if checkpoint is not None else -1)
+    return state
+
+
+def _validation_handle(config: SftConfig, policy):
+    """(task, model handle) for validation, or (None, None) when no validation task is set."""
+    v = config.validation
+    if not v.task:
+        return None, None
+    handle = ModelHandle(
+        inprocess_client(policy), policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1
+    )
+    return load_task(v.task, v.task_options), handle
+
+
+async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
+    """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
+    from tqdm.auto import tqdm
+
+    run_dir = Path(config.output_dir)
+    log = RunLog(run_dir)
+    config_toml = dump(config)
+    (run_dir / "config.toml").write_text(config_toml)
+    seed_everything(config.seed)
+    policy = _policy(config)
+    seqs = load_sequences(config.data, policy)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = adamw(
+        params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
+    )
+    stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
+    steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
+    state = _restore(run_dir, resume, policy, optimizer, stream, log)
+    task, handle = _validation_handle(config, policy)
+    if task and state.step == 0:
+        val, groups = await _validate(task, handle, config, 0)
+        log.log({"step": 0, **val})
+        log.samples(0, groups, name="validation")
+    bar = tqdm(
+        total=steps,
+        initial=state.step,
+        desc=config.name,
+        disable=not config.logging.progress,
+        dynamic_ncols=True,
+    )
+    while state.step < steps:
+        step, t0 = state.step + 1, time.perf_counter()
+        batch = [s for _, s in stream.take(config.batch_size)]
+        metrics: dict[str, Any] = {
+            "step": step,
+            **sft_step(policy, optimizer, batch, config),
+            "lr": config.optim.lr,
+        }
+        policy.adapters.bump()
+        if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
+            val, groups = await _validate(task, handle, config, step)
+            metrics.update(val)
+            log.samples(step, groups, name="validation")
+        metrics["seconds_step"] = time.perf_counter() - t0
+        state = TrainState(step=step, data_position=stream.position)
+        log.log(metrics)
+        if step % config.logging.checkpoint_every == 0 or step == steps:
+            save_checkpoint(
+                run_dir,
+                state,
+                policy.model,
+                optimizer,
+                policy.generator,
+                config_toml,
+                config.logging.keep_checkpoints,
+            )
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+    bar.close()
+    if handle is not None:
+        await handle.client.close()
+    return run_dir
+
+
+def sft(config: SftConfig, *, resume: bool = False) -> Path:
+    """Synchronous entry point: `grooves.train.sft.sft(load_sft_config("sft.toml"))`."""
+    return asyncio.run(run_sft(config, resume=resume))

@@ -1,0 +1,178 @@
+"""The vLLM backend: adapter publishing and request mapping on CPU; sampling and hot-swap on a GPU.
+
+The first part runs everywhere (no vLLM needed). The GPU tests skip unless vLLM is installed and a
+CUDA device is present; they compare vLLM's sampled logprobs with a transformers forward and
+check that a training step's adapter reaches the sampler.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grooves.config import LoraConfig, parse_config
+from grooves.policy.sampling import SamplingParams
+from grooves.policy.transformers import TransformersPolicy
+from grooves.policy.vllm import (
+    AdapterPublisher,
+    completion_from_vllm,
+    lora_rank_cap,
+    vllm_sampling_kwargs,
+)
+from grooves.train.loop import build_policy
+
+
+@pytest.fixture(scope="module")
+def trainable(tiny_model_dir):
+    return TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0)
+
+
+def test_lora_rank_cap_is_the_smallest_rank_vllm_accepts():
+    assert [lora_rank_cap(r) for r in (1, 4, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(ValueError, match="lora.rank = 600"):
+        lora_rank_cap(600)
+
+
+def _lora_tensors(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_each_version_is_saved_with_a_new_id_and_old_folders_are_pruned(trainable, tmp_path):
+    publisher = AdapterPublisher(tmp_path / "adapters", "tiny", keep=2)
+    refs = []
+    for version in range(4):
+        with torch.no_grad():  # a stand-in for an optimizer step: new adapter weights per version
+            for name, p in trainable.model.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(0.01 * (version + 1))
+        refs.append(publisher.publish(trainable.model, version))
+    assert [r.lora_int_id for r in refs] == [1, 2, 3, 4]
+    assert [r.name for r in refs] == ["tiny@v0", "tiny@v1", "tiny@v2", "tiny@v3"]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v2", "v3"]
+    assert publisher.current == refs[-1]
+    config = json.loads((tmp_path / "adapters" / "v3" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8
+    saved = load_file(str(tmp_path / "adapters" / "v3" / "adapter_model.safetensors"))
+    lora_b = [t for k, t in saved.items() if "lora_B" in k]
+    assert lora_b and all(torch.allclose(t, torch.full_like(t, 0.04)) for t in lora_b)
+    assert len(saved) == len(_lora_tensors(trainable.model))  # only the adapter, not the base weights
+
+
+def test_republishing_an_earlier_step_never_reuses_an_id(trainable, tmp_path):
+    publisher = AdapterPublisher(tmp_path, "tiny")
+    first = [publisher.publish(trainable.model, v).lora_int_id for v in (0, 1, 2)]
+    resumed = publisher.publish(trainable.model, 1)  # a resumed run sets its checkpoint's step
+    assert first == [1, 2, 3] and resumed.lora_int_id == 4 and resumed.version == 1
+
+
+def test_sampling_params_map_to_vllm_arguments():
+    kwargs = vllm_sampling_kwargs(
+        SamplingParams(n=8, max_tokens=32, temperature=0.7, top_p=0.9, stop=["\n\n"], seed=5), {2, 0}
+    )
+    assert kwargs == {
+        "n": 8,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "seed": 5,
+        "stop": ["\n\n"],
+        "stop_token_ids": [0, 2],
+        "logprobs": 0,
+        "skip_special_tokens": True,
+    }
+    assert vllm_sampling_kwargs(SamplingParams(), {2})["stop"] is None
+
+
+def _logprob(value):
+    return SimpleNamespace(logprob=value)
+
+
+def test_a_vllm_completion_becomes_ids_logprobs_text():
+    # the shape vLLM returns: per position, a dict from token id to Logprob (the sampled one included)
+    output = SimpleNamespace(
+        token_ids=[17, 4, 2],
+        text="Paris",
+        finish_reason="stop",
+        logprobs=[{17: _logprob(-0.5)}, {4: _logprob(-1.25), 9: _logprob(-0.1)}, {2: _logprob(-0.01)}],
+    )
+    c = completion_from_vllm(output)
+    assert (c.token_ids, c.logprobs, c.text, c.finish_reason) == (
+        [17, 4, 2],
+        [-0.5, -1.25, -0.01],
+        "Paris",
+        "stop",
+    )
+    truncated = SimpleNamespace(
+        token_ids=[5], text="x", finish_reason="length", logprobs=[{5: _logprob(-2.0)}]
+    )
+    assert completion_from_vllm(truncated).finish_reason == "length"
+    with pytest.raises(RuntimeError, match="logprobs=0"):
+        completion_from_vllm(SimpleNamespace(token_ids=[5], text="x", finish_reason="stop", logprobs=None))
+
+
+def test_importing_grooves_and_the_trainer_does_not_import_vllm_or_ray():
+    code = "import grooves, grooves.train.loop, grooves.serve.app, sys; print('vllm' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_vllm_backend_without_vllm_says_what_to_do(tiny_model_dir):
+    config = parse_config({"model": {"base_model": str(tiny_model_dir), "backend": "vllm"}})
+    with pytest.raises(ImportError, match=r"needs vLLM on a CUDA machine: pip install 'grooves\[vllm\]'"):
+        build_policy(config)
+
+
+# ---- on a GPU with vLLM -----------------------------------------------------------------------
+def _gpu_policy(model_dir, tmp_path):
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from grooves.policy.vllm import VLLMPolicy
+
+    return VLLMPolicy(
+        str(model_dir),
+        lora=LoraConfig(rank=4, alpha=8),
+        dtype="float32",
+        device="cuda",
+        seed=0,
+        served_name="tiny",
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        adapter_dir=tmp_path / "adapters",
+    )
+
+
+def _forward_logprobs(model, prompt, tokens):
+    ids = torch.tensor([prompt + tokens], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # [P+T, V]
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # [T, V]
+    return logp.gather(-1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(-1).cpu()
+
+
+def test_vllm_samples_with_logprobs_of_the_trained_adapter(tiny_model_dir, tmp_path):
+    policy = _gpu_policy(tiny_model_dir, tmp_path)
+    prompt = policy.prompts.render([{"role": "user", "content": "hello"}], None)
+    params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=3)
+    for version in (0, 1):
+        if version == 1:  # an "optimizer step": new adapter weights, then the trainer's bump
+            with torch.no_grad():
+                for name, p in policy.model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.5)
+            assert policy.adapters.bump() == 1
+        completions = policy.generate([prompt], [params])[0]
+        assert len(completions) == 4
+        for c in completions:
+            expected = _forward_logprobs(policy.model, prompt, c.token_ids)
+            assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 2e-3, version
+    assert policy.adapters.publisher.current.lora_int_id == 2

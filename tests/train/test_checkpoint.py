@@ -1,0 +1,180 @@
+"""Checkpoints: RNG states survive a save and load, nothing in them runs as code, damage is found."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from grooves.train.checkpoint import (
+    CheckpointError,
+    TrainState,
+    checkpoint_problem,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+
+@pytest.fixture
+def trainee(tiny_model_dir):
+    """A LoRA model on the tiny base with an AdamW state after one step, and a sampling generator."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    return model, optimizer, torch.Generator().manual_seed(5)
+
+
+def _draws(generator) -> list[float]:
+    return [
+        random.random(),
+        random.gauss(0, 1),
+        float(np.random.rand()),
+        float(np.random.randn()),
+        float(torch.rand(1)),
+        float(torch.rand(1, generator=generator)),
+    ]
+
+
+def test_a_checkpoint_restores_every_rng_and_loads_with_weights_only(trainee, tmp_path):
+    model, optimizer, generator = trainee
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    random.gauss(0, 1), np.random.randn()  # leave a cached Gaussian in both, which the state must carry
+    path = save_checkpoint(
+        tmp_path, TrainState(step=7, data_position=28), model, optimizer, generator, "name = 'x'\n", keep=3
+    )
+    expected = _draws(generator)
+    for name in ("rng.pt", "optimizer.pt"):  # plain tensors and containers: no code to run
+        torch.load(path / name, weights_only=True)
+
+    optimizer.state.clear()
+    random.seed(99), np.random.seed(99), torch.manual_seed(99)
+    state = load_checkpoint(path, model, optimizer, generator)
+    assert (state.step, state.data_position) == (7, 28)
+    assert _draws(generator) == expected
+    assert len(optimizer.state) == len(optimizer.param_groups[0]["params"])
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Payload.marker}",))
+
+
+def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_does_not_run(trainee, tmp_path):
+    model, optimizer, generator = trainee
+    path = save_checkpoint(
+        tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3
+    )
+    _Payload.marker = tmp_path / "ran"
+    with (path / "optimizer.pt").open("wb") as f:
+        pickle.dump({"state": {}, "param_groups": [], "x": _Payload()}, f)
+    with pytest.raises(CheckpointError, match=r"optimizer.pt: cannot be loaded safely"):
+        load_checkpoint(path, model, optimizer, generator)
+    assert not _Payload.marker.exists()
+
+
+def test_a_checkpoint_of_the_older_format_still_loads(trainee, tmp_path):
+    """Before checksums: rng.pt held Python's and numpy's own state objects, state.json had no format."""
+    model, optimizer, generator = trainee
+    path = save_checkpoint(
+        tmp_path, TrainState(step=2, data_position=8), model, optimizer, generator, "", keep=3
+    )
+    random.seed(4), np.random.seed(4), torch.manual_seed(4)
+    old = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "policy": generator.get_state(),
+    }
+    torch.save(old, path / "rng.pt")
+    (path / "state.json").write_text(json.dumps({"step": 2, "data_position": 8}))
+    (path / "manifest.json").unlink()
+    expected = _draws(generator)
+    assert checkpoint_problem(path) is None  # no checksums to check
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    load_checkpoint(path, model, optimizer, generator)
+    assert _draws(generator) == expected
+
+
+def _three(trainee, run_dir):
+    model, optimizer, generator = trainee
+    return [
+        save_checkpoint(
+            run_dir, TrainState(step=s, data_position=4 * s), model, optimizer, generator, "", keep=5
+        )
+        for s in (1, 2, 3)
+    ]
+
+
+def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(trainee, tmp_path):
+    one, two, three = _three(trainee, tmp_path)
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path, warn=said.append) == three and said == []
+
+    adapter = three / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-100])  # cut short
+    assert latest_checkpoint(tmp_path, warn=said.append) == two
+    assert said == [
+        f"checkpoint {three} is damaged (adapter/adapter_model.safetensors has {adapter.stat().st_size} bytes, "
+        f"the manifest says {adapter.stat().st_size + 100}); falling back to step_000002"
+    ]
+
+    optim = two / "optimizer.pt"
+    data = bytearray(optim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte changed
+    optim.write_bytes(bytes(data))
+    said.clear()
+    assert latest_checkpoint(tmp_path, warn=said.append) == one
+    assert (
+        len(said) == 2
+        and "optimizer.pt does not match its sha256" in said[1]
+        and said[1].startswith(f"checkpoint {two} ")
+    )
+
+    (one / "manifest.json").unlink()  # a checkpoint of this format without its manifest was never finished
+    with pytest.raises(CheckpointError) as info:
+        latest_checkpoint(tmp_path)
+    message = str(info.value)
+    assert (
+        "step_000001: manifest.json is missing" in message
+        and "step_000003: adapter" in message
+        and "\n" not in message
+    )
+
+
+@pytest.mark.parametrize(
+    "lora", [{"r": 4, "target_modules": ["q_proj"]}, {"r": 2, "target_modules": ["q_proj", "v_proj"]}]
+)
+def test_resuming_with_other_lora_settings_is_one_line(trainee, tiny_model_dir, tmp_path, lora):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model, optimizer, generator = trainee
+    path = save_checkpoint(
+        tmp_path, TrainState(step=1, data_position=4), model, optimizer, generator, "", keep=3
+    )
+    other = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(**lora))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(
+            path, other, torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]), generator
+        )
+    message = str(info.value)
+    assert message.startswith(f"{path}: the adapter") and "\n" not in message
+    assert (
+        ("lora.rank" in message)
+        if lora["r"] == 4
+        else ("lora.target_modules" in message and "v_proj" in message)
+    )

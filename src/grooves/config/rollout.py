@@ -26,6 +26,17 @@ class RolloutConfig(Section):
     """Per-turn completion budget; also L in the constant of `aggregation = "constant"` (Dr. GRPO)."""
     max_failure_fraction: float = Field(0.5, ge=0, le=1)
     """Stop the run if more than this fraction of a step's rollouts raise."""
+    refill_zero_variance: bool = False
+    """Dynamic sampling (DAPO): a group whose rewards are all equal teaches nothing, so draw more
+    training scenarios (from the same seeded stream: a resumed run draws the same) until the step
+    has `groups_per_step` groups whose rewards differ, or `max_refill_draws` extra scenarios were
+    drawn. Each draw costs `group_size` rollouts; the step trains on every group it drew."""
+    max_refill_draws: int = Field(8, ge=0)
+    """The most extra scenarios one step draws with `refill_zero_variance`: a step costs at most
+    (groups_per_step + max_refill_draws) x group_size rollouts. Logged per step as `refill_draws`."""
+    zero_variance_warning: float = Field(0.5, ge=0, le=1)
+    """Say so on one line (at most once per 10 steps) when at least this fraction of a step's groups
+    had all-equal rewards; such steps are logged with `sparse_rewards = 1` and counted in the report."""
     runner: Literal["local", "ray"] = "local"
     """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
     ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one

@@ -4,6 +4,7 @@
         scenarios   <- next `groups_per_step` training scenarios (deterministic order, resumable)
         groups      <- `group_size` rollouts of each, through the OpenAI-compatible policy client
         rewards     <- set by the task's rollout, then by an optional group scorer (judges, gates)
+        refill      <- with `refill_zero_variance`, more scenarios while too few groups' rewards differ
         advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
         sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
         loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
@@ -16,8 +17,10 @@ that produced it (checked against the step, so stale weights can't go unnoticed)
 
 Metric keys written per step (metrics.jsonl):
   step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
-  groups_zero_variance_fraction, advantage_abs_mean, loss, policy_loss, kl_mean, clip_fraction,
-  ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
+  groups_zero_variance_fraction, groups_with_signal, refill_draws, sparse_rewards (1 when the step's
+  share of equal-reward groups reached rollout.zero_variance_warning), advantage_abs_mean, loss,
+  policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
+  token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
@@ -60,6 +63,7 @@ from grooves.train.checkpoint import (
 from grooves.train.data import train_stream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
 from grooves.train.step import optimize, run_loss, to_sequences
 from grooves.watch import Watch
 
@@ -154,6 +158,7 @@ async def run(
         watch = _start_watch(config, log, watch, resumed_at=state.step if checkpoint is not None else None)
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
+        sparse = SparseRewardWarning(r.zero_variance_warning, say=_say)
         bar = closing.enter_context(_step_bar(config, state.step))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
         while state.step < last:
@@ -172,9 +177,38 @@ async def run(
                 description=f"step {step} rollouts",
                 seed_key=(step,),
             )
-            t_rollout = time.perf_counter()
+            rollout_s = time.perf_counter() - t0
             # rewards of whole groups: judges, reward models, gates
-            score_metrics = _as_metrics(await score(groups)) if score is not None else {}
+            t = time.perf_counter()
+            scored = [(_as_metrics(await score(groups)), len(groups))] if score is not None else []
+            score_s = time.perf_counter() - t
+            # dynamic sampling: more scenarios while too few groups have rewards that differ
+            refill_draws = 0
+            while r.refill_zero_variance and (
+                more := refill_count(
+                    r.groups_per_step, groups_with_signal(groups), refill_draws, r.max_refill_draws
+                )
+            ):
+                t = time.perf_counter()
+                extra = await gather(
+                    rollouts.rollout,
+                    handle,
+                    [s for _, s in stream.take(more)],
+                    r.group_size,
+                    concurrency=r.concurrency,
+                    max_failure_fraction=r.max_failure_fraction,
+                    progress=config.logging.progress,
+                    description=f"step {step} refill",
+                    seed_key=(step, refill_draws),  # (step, draws before) never equals a first draw's (step,)
+                )
+                refill_draws += more
+                rollout_s += time.perf_counter() - t
+                t = time.perf_counter()
+                if score is not None:
+                    scored.append((_as_metrics(await score(extra)), len(extra)))
+                score_s += time.perf_counter() - t
+                groups += extra
+            score_metrics = _merge_scored(scored)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             _check_on_policy(groups, policy.adapters.version)
@@ -183,8 +217,13 @@ async def run(
             policy.adapters.bump()
             t_train = time.perf_counter()
 
+            counted = [g for g in groups if len(g.ok) >= 2]
+            flat = len(counted) - groups_with_signal(counted)
             metrics: dict[str, Any] = {
                 "step": step,
+                "refill_draws": float(refill_draws),
+                "groups_with_signal": float(len(counted) - flat),
+                "sparse_rewards": float(sparse.observe(step, flat, len(counted), r.refill_zero_variance)),
                 **_reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
@@ -194,8 +233,8 @@ async def run(
             metrics.update(
                 lr=config.optim.lr,
                 adapter_version=policy.adapters.version,
-                seconds_rollout=t_rollout - t0,
-                seconds_score=t_score - t_rollout,
+                seconds_rollout=rollout_s,
+                seconds_score=score_s,
                 seconds_train=t_train - t_score,
             )
             if config.validation.every and step % config.validation.every == 0 or step == config.steps:
@@ -356,6 +395,22 @@ def _watch_history(log: RunLog, upto: int) -> Iterator[tuple[int, dict[str, Any]
             continue
         metrics = {k: v for k, v in row.items() if not k.startswith("watch/") and k != "seconds_step"}
         yield step, metrics, log.step_samples(step) or []
+
+
+def _merge_scored(scored: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """One step's scorer metrics from its batches (the first draw, then each refill): counts and
+    seconds add up; means and fractions are averaged weighted by each batch's groups."""
+    if len(scored) <= 1:
+        return scored[0][0] if scored else {}
+    total = sum(n for _, n in scored)
+    out: dict[str, float] = {}
+    for key in {k for m, _ in scored for k in m}:
+        values = [(m[key], n) for m, n in scored if key in m]
+        if key.endswith(("_mean", "_coverage", "_fraction", "_rate")):
+            out[key] = sum(v * n for v, n in values) / max(sum(n for _, n in values), 1)
+        else:
+            out[key] = sum(v for v, _ in values)
+    return out if total else {}
 
 
 def _as_metrics(result: Any) -> dict[str, float]:

@@ -32,22 +32,38 @@ def sft_run(tiny_model_dir, tmp_path_factory):
             for i in range(4)
         )
     )
-    config = parse_sft_config({
-        "data": str(data), "output_dir": str(tmp / "run"), "batch_size": 2, "steps": 2,
-        "model": {"base_model": str(tiny_model_dir)}, "lora": {"rank": 4, "alpha": 8},
-        "optim": {"lr": 1e-2}, "logging": {"checkpoint_every": 2, "progress": False},
-    })  # fmt: skip
+    config = parse_sft_config(
+        {
+            "data": str(data),
+            "output_dir": str(tmp / "run"),
+            "batch_size": 2,
+            "steps": 2,
+            "model": {"base_model": str(tiny_model_dir)},
+            "lora": {"rank": 4, "alpha": 8},
+            "optim": {"lr": 1e-2},
+            "logging": {"checkpoint_every": 2, "progress": False},
+        }
+    )
     return sft(config)
 
 
 def _config(model_dir, out, init, **lora):
-    return parse_config({
-        "name": "warm", "output_dir": str(out), "seed": 1, "steps": 1, "task": "toy_tokens",
-        "task_options": {"vocab_size": 487, "num_scenarios": 4},
-        "model": {"base_model": str(model_dir), "init_adapter": str(init)},
-        "rollout": {"group_size": 8, "groups_per_step": 4, "max_tokens": 4}, "optim": {"lr": 1e-2},
-        "lora": {"rank": 4, "alpha": 8, **lora}, "validation": {"every": 0, "scenarios": 2}, "logging": {"progress": False},
-    })  # fmt: skip
+    return parse_config(
+        {
+            "name": "warm",
+            "output_dir": str(out),
+            "seed": 1,
+            "steps": 1,
+            "task": "toy_tokens",
+            "task_options": {"vocab_size": 487, "num_scenarios": 4},
+            "model": {"base_model": str(model_dir), "init_adapter": str(init)},
+            "rollout": {"group_size": 8, "groups_per_step": 4, "max_tokens": 4},
+            "optim": {"lr": 1e-2},
+            "lora": {"rank": 4, "alpha": 8, **lora},
+            "validation": {"every": 0, "scenarios": 2},
+            "logging": {"progress": False},
+        }
+    )
 
 
 def _lora_weights(model) -> dict[str, torch.Tensor]:
@@ -112,3 +128,45 @@ def test_another_lora_shape_or_a_missing_adapter_is_refused(sft_run, tiny_model_
         ConfigError, match="not an adapter folder, a checkpoint or a run folder with checkpoints"
     ):
         check_against_model(config)
+
+
+def test_the_commands_refuse_an_adapter_of_another_base_model_in_one_line(
+    sft_run, peaked_model_dir, tmp_path
+):
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from grooves.cli import app as cli_app
+
+    adapter = sft_run / "checkpoints" / "step_000002"
+    run_file = tmp_path / "rl.toml"
+    run_file.write_text(
+        tomli_w.dumps(
+            _config(peaked_model_dir, tmp_path / "rl", adapter).model_dump(mode="json", exclude_none=True)
+        )
+    )
+    rl = CliRunner().invoke(cli_app, ["train", str(run_file)])
+    sft_cli = CliRunner().invoke(
+        cli_app,
+        [
+            "sft",
+            "--data",
+            str(tmp_path / "none.jsonl"),
+            "--model",
+            str(peaked_model_dir),
+            "-o",
+            str(tmp_path / "s"),
+            "--set",
+            f'model.init_adapter="{adapter}"',
+            "--set",
+            "lora.rank=4",
+            "--set",
+            "lora.alpha=8",
+        ],
+    )
+    for result, code in [(rl, 2), (sft_cli, 2)]:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == code and len(lines) == 1, result.output
+        assert f"model.init_adapter: {adapter} was trained on base model " in lines[0]
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "s").exists()  # refused before the folder or the model

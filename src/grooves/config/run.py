@@ -21,6 +21,7 @@ from grooves.config.logging import LoggingConfig
 from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig, VllmConfig
 from grooves.config.optim import OptimConfig
 from grooves.config.rollout import RolloutConfig
+from grooves.config.sft import SftStageConfig
 from grooves.config.tasks import TaskEntry, TaskOptions
 from grooves.config.validation import ValidationConfig
 from grooves.config.watch import WatchConfig
@@ -51,6 +52,8 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     watch: WatchConfig = WatchConfig()
     """Reward-hacking detectors and inspection pages (see grooves.watch)."""
+    sft: SftStageConfig | None = None
+    """A supervised stage on demonstrations run before RL (see `SftStageConfig`); unset: none."""
 
     @field_validator("output_dir")
     @classmethod

@@ -59,6 +59,27 @@ class SftConfig(Section):
     logging: SftLoggingConfig = SftLoggingConfig()
 
 
+class SftStageConfig(Section):
+    """`[sft]` in an RL run file: supervised training on demonstrations before RL, in one run.
+
+    `grooves train` first trains an adapter on `data` (as `grooves sft` would, with the run's
+    `[model]` and `[lora]`) into `<output_dir>/sft`, then starts RL from it (`model.init_adapter`).
+    A resumed run whose RL has begun skips the stage; one stopped during SFT continues it."""
+
+    data: str
+    """JSONL of chats (`grooves env demos NAME --out FILE`); none may be a validation scenario of the task."""
+    batch_size: int = Field(8, ge=1)
+    """Chats per optimizer step."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the data; ignored when `steps` is set."""
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps; default ceil(epochs x chats / batch_size)."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the SFT stage (RL's is `optim.lr`)."""
+    checkpoint_every: int = Field(10, ge=1)
+    """SFT steps between checkpoints (a stopped stage continues from the last one with --resume)."""
+
+
 def parse_sft_config(data: dict) -> SftConfig:
     """A parsed SFT run file as an `SftConfig`; `ConfigError` names each bad field."""
     return validate(SftConfig, data, retired=RETIRED_FIELDS)

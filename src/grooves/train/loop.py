@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -40,7 +41,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from grooves.config import RunConfig, check_against_model, dump_config
+from grooves.config import ConfigError, RunConfig, check_against_model, dump_config
 from grooves.core.gather import RolloutFn, gather
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import TrajectoryGroup
@@ -63,6 +64,7 @@ from grooves.train.checkpoint import (
 from grooves.train.data import train_stream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
 from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
 from grooves.train.step import optimize, run_loss, to_sequences
 from grooves.watch import Watch
@@ -109,10 +111,16 @@ async def run(
         # the folder, the checkpoint to continue and the task: everything that can refuse the start
         run_dir = Path(config.output_dir)
         closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
-        checkpoint = _checkpoint_to_resume(run_dir, resume, overwrite)  # verified before the model loads
+        # a run stopped during its [sft] stage has no RL checkpoint yet: --resume continues the stage
+        in_stage = resume and config.sft is not None and latest_checkpoint(run_dir) is None
+        checkpoint = _checkpoint_to_resume(
+            run_dir, resume and not in_stage, overwrite
+        )  # verified before the model loads
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+        if config.sft is not None and checkpoint is None:  # supervised warm start, then RL from its adapter
+            config = await _sft_stage(config, task, run_dir, resume=in_stage, overwrite=overwrite)
 
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
         policy = build_policy(config)
@@ -281,6 +289,45 @@ async def run(
         bar.close()
         write_report(run_dir)
         return run_dir
+
+
+async def _sft_stage(
+    config: RunConfig, task: Task, run_dir: Path, *, resume: bool, overwrite: bool
+) -> RunConfig:
+    """Run the `[sft]` stage into `<run_dir>/sft`; returns the config with RL starting from its adapter.
+
+    The stage's folder follows the run's rules: an earlier stage's checkpoints are continued with
+    `resume`, deleted with `overwrite`, else the start is refused. A chat that demonstrates one
+    of the task's validation scenarios, or that the policy could not be trained on, is refused
+    as a `ConfigError` naming `sft.data` and the line."""
+    folder = run_dir / "sft"
+    if folder.exists() and not resume:
+        if any((folder / "checkpoints").glob("step_*")) and not overwrite:
+            raise RunFolderError(
+                f"{folder} holds an earlier [sft] stage; continue it with --resume, replace it with --overwrite, "
+                "or set another output_dir"
+            )
+        shutil.rmtree(folder)
+    if resume and latest_checkpoint(folder) is None:
+        raise RunFolderError(
+            f"--resume: no checkpoint in {run_dir / 'checkpoints'} or {folder / 'checkpoints'}; start without --resume"
+        )
+    stage = config.sft
+    try:
+        overlap = validation_overlap(read_chats(stage.data), list(task.scenarios("validation")))
+    except (ChatError, OSError) as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    if overlap:
+        raise ConfigError(
+            f"sft.data: {stage.data} {overlap}; demonstrations come from the train split "
+            "(grooves env demos NAME --split train)"
+        )
+    _say(f"[sft] stage: {stage.data} -> {folder}")
+    try:
+        await run_sft(stage_config(config, folder), resume=resume)
+    except ChatError as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    return config.model_copy(update={"model": config.model.model_copy(update={"init_adapter": str(folder)})})
 
 
 def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:

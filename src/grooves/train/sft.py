@@ -37,8 +37,10 @@ from typing import Any
 
 import torch
 
-from grooves.config.base import dump
-from grooves.config.sft import SftConfig
+from grooves.config.base import ConfigError, dump
+from grooves.config.check import init_adapter_problem
+from grooves.config.run import RunConfig
+from grooves.config.sft import SftConfig, SftLoggingConfig, SftOptimConfig
 from grooves.core.batching import micro_batches
 from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.gather import gather
@@ -84,7 +86,14 @@ def read_chats(path: str | Path) -> list[dict[str, Any]]:
             raise ChatError(f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
         if not any(m["role"] == "assistant" for m in messages):
             raise ChatError(f"{where}: no assistant message, so nothing to train on")
-        chats.append({"messages": messages, "tools": chat.get("tools"), "line": lineno})
+        chats.append(
+            {
+                "messages": messages,
+                "tools": chat.get("tools"),
+                "line": lineno,
+                "scenario_id": chat.get("scenario_id"),
+            }
+        )
     if not chats:
         raise ChatError(f"{path}: no chats")
     return chats
@@ -230,6 +239,9 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
     from tqdm.auto import tqdm
 
+    problem = init_adapter_problem(config)  # another base model or LoRA shape: one line, before loading
+    if problem:
+        raise ConfigError(problem)
     run_dir = Path(config.output_dir)
     log = RunLog(run_dir)
     config_toml = dump(config)
@@ -293,3 +305,50 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
 def sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Synchronous entry point: `grooves.train.sft.sft(load_sft_config("sft.toml"))`."""
     return asyncio.run(run_sft(config, resume=resume))
+
+
+# ---- the [sft] stage of an RL run file ---------------------------------------------------------
+def stage_config(config: RunConfig, folder: Path) -> SftConfig:
+    """The `grooves sft` config of a run file's `[sft]` stage: its data and steps, the run's
+    `[model]` and `[lora]` (so RL can continue the adapter), seed, micro-batching and logging."""
+    stage, opt = config.sft, config.optim
+    if stage is None:
+        raise ValueError("the run file has no [sft] section")
+    return SftConfig(
+        name=f"{config.name}-sft",
+        output_dir=str(folder),
+        seed=config.seed,
+        data=stage.data,
+        batch_size=stage.batch_size,
+        epochs=stage.epochs,
+        steps=stage.steps,
+        model=config.model,
+        lora=config.lora,
+        optim=SftOptimConfig(
+            lr=stage.lr,
+            betas=opt.betas,
+            grad_clip=opt.grad_clip,
+            micro_batch_tokens=opt.micro_batch_tokens,
+            share_prefix=opt.share_prefix,
+            packing=opt.packing,
+        ),
+        logging=SftLoggingConfig(checkpoint_every=stage.checkpoint_every, progress=config.logging.progress),
+    )
+
+
+def validation_overlap(chats: list[dict[str, Any]], validation: list[dict[str, Any]]) -> str | None:
+    """Where a chat demonstrates a validation scenario (by its `scenario_id` or its user request),
+    as `line N: ...`; None when none does. Training on validation scenarios would make validation
+    measure recall instead of what was learned."""
+    ids = {str(s["id"]): s for s in validation if s.get("id") is not None}
+    prompts = {s["prompt"]: s for s in validation if isinstance(s.get("prompt"), str)}
+    for chat in chats:
+        hit = ids.get(str(chat.get("scenario_id"))) if chat.get("scenario_id") is not None else None
+        for m in chat["messages"]:
+            if hit is None and m.get("role") == "user" and m.get("content") in prompts:
+                hit = prompts[m["content"]]
+        if hit is not None:
+            return (
+                f"line {chat['line']}: demonstrates validation scenario {hit.get('id', hit.get('prompt'))!r}"
+            )
+    return None

@@ -9,6 +9,7 @@ This package is the lowest layer of grooves: every other layer reads its section
 from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import ConfigError, Section, check_numbers, parse_overrides
 from grooves.config.check import check_against_model, resolve_init_adapter
+from grooves.config.judge import RunJudgeConfig
 from grooves.config.logging import LoggingConfig
 from grooves.config.model import FastMode, LoraConfig, ModelConfig, ToolFormats, VllmConfig
 from grooves.config.optim import AdamWConfig, OptimConfig
@@ -38,6 +39,7 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "RunConfig",
+    "RunJudgeConfig",
     "Section",
     "SftConfig",
     "SftLoggingConfig",

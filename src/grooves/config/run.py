@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import Section, dump, read_run_file, validate
+from grooves.config.judge import RunJudgeConfig
 from grooves.config.logging import LoggingConfig
 from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig, VllmConfig
 from grooves.config.optim import OptimConfig
@@ -54,6 +55,8 @@ class RunConfig(Section):
     """Reward-hacking detectors and inspection pages (see grooves.watch)."""
     sft: SftStageConfig | None = None
     """A supervised stage on demonstrations run before RL (see `SftStageConfig`); unset: none."""
+    judge: RunJudgeConfig | None = None
+    """An LLM judge scoring each group next to the task's reward (see `RunJudgeConfig`); unset: none."""
 
     @field_validator("output_dir")
     @classmethod

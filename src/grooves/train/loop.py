@@ -62,6 +62,7 @@ from grooves.train.checkpoint import (
     seed_everything,
 )
 from grooves.train.data import train_stream
+from grooves.train.judging import JudgeScorer
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
 from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
@@ -119,6 +120,11 @@ async def run(
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+        if score is None and config.judge is not None:  # [judge]: checked now, before any weights load
+            judged = JudgeScorer(config.judge, seed=config.seed)
+            await judged.start()
+            closing.push_async_callback(judged.aclose)
+            score = judged
         if config.sft is not None and checkpoint is None:  # supervised warm start, then RL from its adapter
             config = await _sft_stage(config, task, run_dir, resume=in_stage, overwrite=overwrite)
 

@@ -58,6 +58,7 @@ class LoraConfig(Section):
     alpha: float = Field(16.0, gt=0)
     """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """LoRA dropout; 0 keeps the sampler's and trainer's logprobs equal (dropout is off when sampling)."""
     target_modules: list[str] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
     )

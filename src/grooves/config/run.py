@@ -30,11 +30,13 @@ from grooves.config.watch import WatchConfig
 
 class RunConfig(Section):
     name: str = "run"
+    """The run's name: the served model name and the adapter's name in the registry."""
     output_dir: str = "runs/run"
     """Run folder: config, metrics.jsonl, reward curve, samples, checkpoints, report."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seeds Python, numpy and torch; numpy's seeds are 0 .. 2**32 - 1."""
     steps: int = Field(20, ge=1)
+    """Optimizer steps; each samples `groups_per_step` groups of `group_size` rollouts."""
     task: str = "capitals"
     """A built-in task name, or `package.module:object` for your own Task."""
     task_options: TaskOptions = {}

@@ -63,6 +63,12 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=None, help="default: the environment's limit")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help="episodes in flight at once; each holds its KV cache (64 long chats: ~10 GB)",
+    )
     parser.add_argument("--out", default=None, help="JSON file to merge the figures into")
     parser.add_argument("--samples-out", default=None, help="JSONL file for every trajectory")
     args = parser.parse_args()
@@ -94,7 +100,7 @@ def main() -> None:
             handle,
             scenarios,
             args.samples,
-            concurrency=64,
+            concurrency=args.concurrency,
             max_failure_fraction=1.0,
             progress=False,
             seed_key=(0,),
@@ -122,6 +128,7 @@ def main() -> None:
         "samples": args.samples,
         "temperature": args.temperature,
         "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
         "adapter": str(adapter) if adapter else None,
         "seconds": round(seconds, 1),
     }

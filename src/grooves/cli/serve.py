@@ -1,4 +1,4 @@
-"""`grooves serve`: a policy behind the OpenAI-compatible API, with the adapter admin endpoints.
+"""`grooves serve`: a policy behind the OpenAI-compatible API (adapter admin endpoints with `--admin`).
 
 Kept apart from the code it drives so that `grooves --help` stays fast: torch and transformers
 are imported only inside the command.
@@ -39,7 +39,16 @@ def serve_command(
         "NAME=PATH: served as model NAME beside the base (repeatable; more load at run time via /v1/adapters).",
     ),
     admin: bool = typer.Option(
-        True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."
+        False,
+        "--admin",
+        help="Mount /v1/adapters (load, unload, promote, roll back at run time). They load any path on this "
+        "machine's disk: only with --api-key, or on a loopback host.",
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="GROOVES_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every route (401 otherwise); or set GROOVES_API_KEY.",
     ),
     max_n: int = typer.Option(
         64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."
@@ -94,9 +103,19 @@ def serve_command(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
             highlight=False,
         )
+    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"warning: --host {host} without --api-key: anyone who reaches this port can use the model",
+            highlight=False,
+        )
     limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
     app = create_app(
-        policy, max_n=max_n, adapters=table, **{k: v for k, v in limits.items() if v is not None}
+        policy,
+        max_n=max_n,
+        adapters=table,
+        api_key=api_key,
+        **{k: v for k, v in limits.items() if v is not None},
     )
     if admin:
         mount_admin(app)

@@ -347,6 +347,7 @@ def test_shared_prefix_trains_sampled_tokens_that_begin_alike(
         algorithm__aggregation=aggregation,
         algorithm__kl_beta=kl_beta,
         optim__grad_clip=1e9,
+        optim__micro_batch_tokens=4096,
         **eps,
     )
     seqs = _on_policy(policy, _alike_groups())

@@ -44,7 +44,19 @@ class OptimConfig(AdamWConfig):
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate. 2e-4 is what the capitals demo learns with (LoRA rank 8 on a 135M model,
     docs/adapters.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
-    larger models or ranks, or when reward_std collapses (docs/training.md)."""
+    larger models or ranks."""
+
+    micro_batch_tokens: int | None = Field(None, ge=16)
+    """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
+    Unset: chosen at the start of the run from the device's free memory and the model's size
+    (`train.memory.auto_micro_batch_tokens`; the choice is printed and logged as
+    `micro_batch_tokens`). Set it where two runs must split their steps alike: the free memory
+    differs between machines and moments, and another split rounds the gradient differently."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input in the forward and recompute the rest in the backward
+    (transformers' gradient checkpointing): activation memory per token falls from every
+    layer's intermediates to one hidden vector per layer, for about a third more compute. The
+    same gradient (tested). For bases whose activations do not fit beside their weights."""
 
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """A step whose loss or grad norm is inf or NaN is never applied: the adapter and the optimizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from grooves.config.base import Section
 
@@ -37,6 +37,13 @@ class RolloutConfig(Section):
     zero_variance_warning: float = Field(0.5, ge=0, le=1)
     """Say so on one line (at most once per 10 steps) when at least this fraction of a step's groups
     had all-equal rewards; such steps are logged with `sparse_rewards = 1` and counted in the report."""
+    max_staleness: int = Field(0, ge=0)
+    """k: rollouts may run up to k steps ahead of the trainer, step t sampled by adapter version
+    max(0, t - 1 - k) (`train.pipeline`). 0: strictly on-policy, each step waits for its rollouts
+    and they for the step before. k >= 1 overlaps the next steps' rollouts (agent code,
+    environments, judges) with the optimizer step, at the price of turns k updates old; the
+    loss's ratio to the sampling logprobs corrects for that as for any off-policy sample, and
+    `staleness/<j>` logs the share of turns j versions behind. Local rollouts only."""
     runner: Literal["local", "ray"] = "local"
     """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
     ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one
@@ -48,3 +55,19 @@ class RolloutConfig(Section):
     server_host: str = "127.0.0.1"
     """Where the policy's HTTP server listens for Ray workers: 127.0.0.1 on one machine; 0.0.0.0 on a
     cluster (workers then call this node's IP)."""
+
+    @model_validator(mode="after")
+    def _staleness_runner(self):
+        if self.max_staleness and self.runner != "local":
+            raise ValueError(
+                'rollout.max_staleness > 0 needs rollout.runner = "local" (the Ray runner serves only the live adapter)'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _refill_on_policy(self):
+        if self.refill_zero_variance and self.max_staleness:
+            raise ValueError(
+                "rollout.refill_zero_variance needs max_staleness = 0 (refills draw after the step's own scenarios)"
+            )
+        return self

@@ -328,7 +328,7 @@ def stage_config(config: RunConfig, folder: Path) -> SftConfig:
             lr=stage.lr,
             betas=opt.betas,
             grad_clip=opt.grad_clip,
-            micro_batch_tokens=opt.micro_batch_tokens,
+            **({"micro_batch_tokens": opt.micro_batch_tokens} if opt.micro_batch_tokens else {}),
             share_prefix=opt.share_prefix,
             packing=opt.packing,
         ),

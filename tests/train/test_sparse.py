@@ -134,3 +134,10 @@ def test_a_resumed_run_refills_exactly_as_one_that_never_stopped(tiny_model_dir,
     for a, b in zip(full, resumed, strict=True):
         for key in ("rollouts", "reward_mean", "groups_with_signal", "loss", "grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+def test_refill_is_refused_with_rollouts_ahead_of_the_trainer(tiny_model_dir, tmp_path):
+    from grooves.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.refill_zero_variance needs max_staleness = 0"):
+        _config(tiny_model_dir, tmp_path / "run", refill_zero_variance=True, max_staleness=1)

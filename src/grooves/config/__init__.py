@@ -11,7 +11,7 @@ from grooves.config.base import ConfigError, Section, check_numbers, parse_overr
 from grooves.config.check import check_against_model, resolve_init_adapter
 from grooves.config.judge import RunJudgeConfig
 from grooves.config.logging import LoggingConfig
-from grooves.config.model import FastMode, LoraConfig, ModelConfig, ToolFormats, VllmConfig
+from grooves.config.model import FastMode, LoraConfig, ModelConfig, SamplerPrecision, ToolFormats, VllmConfig
 from grooves.config.optim import AdamWConfig, OptimConfig
 from grooves.config.rollout import RolloutConfig
 from grooves.config.run import RunConfig, dump_config, load_config, parse_config
@@ -40,6 +40,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "RunJudgeConfig",
+    "SamplerPrecision",
     "Section",
     "SftConfig",
     "SftLoggingConfig",

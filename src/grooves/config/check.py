@@ -24,7 +24,15 @@ def check_against_model(config: RunConfig) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    problems = [p for p in [_device_problem(config.model.device), init_adapter_problem(config)] if p]
+    problems = [
+        p
+        for p in [
+            _device_problem(config.model.device),
+            _sampler_problem(config),
+            init_adapter_problem(config),
+        ]
+        if p
+    ]
     try:
         model_config = AutoConfig.from_pretrained(resolve_model(config.model.base_model))
     except ModelError as exc:
@@ -32,6 +40,14 @@ def check_against_model(config: RunConfig) -> None:
         model_config = None
     except (OSError, ValueError, KeyError):  # not readable here; the loader says why
         model_config = None
+    if model_config is not None and config.model.sampler_precision != "float32":
+        kind = getattr(model_config, "model_type", "?")
+        layers = getattr(model_config, "layer_types", None) or []
+        if kind not in ("llama", "qwen2") or any(t != "full_attention" for t in layers):
+            problems.append(
+                f'model.sampler_precision: "{config.model.sampler_precision}" samples llama and qwen2 models '
+                f'with full attention, and this one is {kind}{" with sliding-window layers" if kind in ("llama", "qwen2") else ""}; use "float32"'
+            )
     if model_config is not None:
         context = getattr(model_config.get_text_config(), "max_position_embeddings", None)
         if config.model.backend == "vllm" and config.vllm.max_model_len:
@@ -63,6 +79,23 @@ def check_against_model(config: RunConfig) -> None:
                     )
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _sampler_problem(config: RunConfig) -> str | None:
+    """A low-precision sampler's needs that the run file alone shows (the model's are checked above)."""
+    m = config.model
+    if m.sampler_precision == "float32":
+        return None
+    why = None
+    if m.backend != "transformers":
+        why = f"the {m.backend} backend samples with its own kernels"
+    elif m.device != "cpu":
+        why = f"its kernels run on the CPU, and model.device is {m.device}"
+    elif m.dtype != "float32":
+        why = f"it samples a float32 model, and model.dtype is {m.dtype}"
+    elif m.fast == "off":
+        why = 'it runs on the fused decode forward, which model.fast = "off" turns off'
+    return None if why is None else f'model.sampler_precision: "{m.sampler_precision}": {why}; use "float32"'
 
 
 def _device_problem(device: str) -> str | None:

@@ -11,6 +11,8 @@ from grooves.config.base import Section
 
 FastMode = Literal["on", "timed", "off"]
 """What `ModelConfig.fast` may be (see `grooves.policy.fast`)."""
+SamplerPrecision = Literal["float32", "bfloat16", "int8"]
+"""What `ModelConfig.sampler_precision` may be (see `grooves.policy.fast.kernels`)."""
 ToolFormats = Literal["smollm2", "template"]
 """What `ModelConfig.tool_format` may be (the names of `policy.tool_format.TOOL_FORMATS`)."""
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
@@ -41,6 +43,14 @@ class ModelConfig(Section):
     an adapter folder (peft), a checkpoint (`runs/x/checkpoints/step_N`) or a run folder (its
     latest checkpoint). Checked at start: it must have been trained on this `base_model`, and its
     rank, alpha and target modules must equal `[lora]`'s. The optimizer starts fresh."""
+    sampler_precision: SamplerPrecision = "float32"
+    """The base weights the sampler's decode steps read. `float32`: the trainer's function
+    (logprobs within float rounding of the trainer's). `bfloat16` (half the bytes) or `int8`
+    (weight-only, a quarter): copies of the base weights for decoding, the LoRA adapter in float32
+    on top (CPU only; Llama/Qwen2 in float32 with `fast` on). Faster decoding, but the sampler's
+    distribution is no longer the trainer's: the trainer logs the gap (`mismatch_k3_mean`); set
+    `algorithm.tis_cap` to correct for it. The prefill and the trainer always run the `dtype`
+    weights. See docs/speed.md for what each pays off on a CPU."""
 
     @field_validator("device")
     @classmethod

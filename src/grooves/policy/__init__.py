@@ -56,4 +56,5 @@ def policy_for(
         served_name=served_name,
         fast=model.fast,
         adapter_path=init,
+        sampler_precision=model.sampler_precision,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from grooves.config import FastMode, LoraConfig
+from grooves.config import FastMode, LoraConfig, SamplerPrecision
 from grooves.models import resolve_model
 from grooves.policy import fast as speed
 from grooves.policy.adapters import PeftAdapters
@@ -88,6 +88,7 @@ class TransformersPolicy:
         served_name: str | None = None,
         attn_implementation: str = "sdpa",
         fast: FastMode | FastPaths = "on",
+        sampler_precision: SamplerPrecision = "float32",
     ):
         self.fast_paths = speed.fast_paths(fast)
         speed.before_load(self.fast_paths, device)
@@ -118,7 +119,9 @@ class TransformersPolicy:
             eos_token_ids=self.prompts.eos_token_ids,
             generator=self.generator,
             lock=self.lock,
-            fast=FastSampling(self.fast_paths, model, own_adapter=self.adapters.own),
+            fast=FastSampling(
+                self.fast_paths, model, own_adapter=self.adapters.own, precision=sampler_precision
+            ),
         )
 
     @property

@@ -110,7 +110,7 @@ def sft_command(
         add_task_folder(run_file.parent)  # a validation task module beside the run file imports
     try:
         run_dir = sft(config, resume=resume)
-    except (ChatError, FileNotFoundError) as exc:
+    except (ChatError, ConfigError, FileNotFoundError) as exc:
         raise _fail(str(exc), code=2) from exc
     console.print(f"run folder: {run_dir}", highlight=False)
 

@@ -24,6 +24,7 @@ class AlgorithmConfig(Section):
     """ppo: token ratio clipping (DAPO with eps_high > eps_low); cispo: clipped IS weight, every token
     keeps its gradient; gspo: one sequence-level ratio (geometric mean of token ratios)."""
     eps_low: float = Field(0.2, gt=0, lt=1)
+    """PPO clip below: a token's ratio under 1 - eps_low stops adding gradient when its advantage is negative."""
     eps_high: float = Field(0.28, gt=0)
     """Clip range [1 - eps_low, 1 + eps_high]. DAPO's clip-higher (0.28 > 0.2) keeps exploration.
     For gspo use ~3e-4 / 4e-4."""

@@ -15,7 +15,8 @@ class LoggingConfig(Section):
     checkpoint_every: int = Field(1, ge=1)
     """Checkpoint every K steps; resume loses at most K-1 steps."""
     keep_checkpoints: int = Field(3, ge=1)
-    """The newest K checkpoints stay; older ones are deleted (except the best, below)."""
+    """Checkpoints kept on disk: the newest K stay, older ones are deleted as new ones are written
+    (except the best, below)."""
     keep_best_by: str = "val/success_rate"
     """A metrics.jsonl key (a validation metric): the checkpoint whose step scored best on it is
     kept besides the newest `keep_checkpoints`, so `--select best` still finds it. Only steps that

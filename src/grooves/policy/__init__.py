@@ -22,6 +22,10 @@ def policy_for(
     without `vllm` settings: SFT samples only to validate) a `TransformersPolicy`. Each backend
     is imported here, when chosen: a CPU install never needs vLLM.
     """
+    from grooves.config.check import resolve_init_adapter
+
+    # `model.init_adapter`: trained further (loaded trainable, as `lora` is set)
+    init = resolve_init_adapter(model.init_adapter) if model.init_adapter else None
     if model.backend == "vllm" and vllm is not None:
         from grooves.policy.vllm import VLLMPolicy
 
@@ -38,6 +42,7 @@ def policy_for(
             max_model_len=vllm.max_model_len,
             enforce_eager=vllm.enforce_eager,
             fast=model.fast,
+            adapter_path=init,
         )
     from grooves.policy.transformers import TransformersPolicy
 
@@ -50,5 +55,6 @@ def policy_for(
         seed=seed,
         served_name=served_name,
         fast=model.fast,
+        adapter_path=init,
         sampler_precision=model.sampler_precision,
     )

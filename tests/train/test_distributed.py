@@ -1,5 +1,6 @@
 """Data-parallel training (train/distributed.py) with 2 gloo ranks on CPU, launched by torchrun:
-one step equals the one-process step; a run whose rank is killed resumes exactly."""
+one step equals the one-process step; a run whose rank is killed resumes exactly, learning-rate
+schedule included."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from grooves.config import dump_config, parse_config
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.train.distributed import DataParallel
+from grooves.train.optim import lr_factor
 
 HERE = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -85,7 +87,7 @@ def _run_config(model_dir, out: Path):
             "task_options": {"vocab_size": 487, "num_scenarios": 16},
             "model": {"base_model": str(model_dir)},
             "rollout": {"group_size": 4, "groups_per_step": 4, "max_tokens": 4},
-            "optim": {"lr": 5e-2, "micro_batch_tokens": 4096},
+            "optim": {"lr": 5e-2, "micro_batch_tokens": 4096, "lr_schedule": "cosine", "warmup_steps": 1},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 4},
             "logging": {"progress": False},
@@ -127,6 +129,12 @@ def test_kill_9_of_one_rank_then_resume_continues_exactly(peaked_model_dir, tmp_
     rows = _rows(full_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # rank 0 alone writes: each step once
     assert all(r["rollouts"] == 16 for r in rows[1:])  # both ranks' shares merged into every step
+    expected = [
+        5e-2 * lr_factor(d, schedule="cosine", warmup_steps=1, total_steps=4, min_ratio=0.0) for d in range(4)
+    ]
+    assert [r["lr"] for r in rows[1:]] == pytest.approx(
+        expected, rel=1e-12, abs=0
+    )  # 0.025, 0.05, 0.0375, 0.0125
     assert len((full_dir / "samples" / "step_000004.jsonl").read_text().splitlines()) == 4
 
     launcher = subprocess.Popen(

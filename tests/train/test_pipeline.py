@@ -102,7 +102,8 @@ def test_each_step_samples_with_the_version_k_steps_behind(peaked_model_dir, tmp
         "README.md",
         "adapter_config.json",
         "adapter_model.safetensors",
-    ]  # the training adapter alone, not the versions served beside it
+        "base_model.json",
+    ]  # the training adapter alone (and its base's record), not the versions served beside it
 
 
 def test_an_on_policy_run_logs_staleness_zero(peaked_model_dir, tmp_path):

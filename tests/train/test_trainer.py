@@ -696,3 +696,24 @@ def test_the_cli_ends_a_run_stopped_by_a_nonfinite_step_with_one_line(
     assert len(lines) == 1 and lines[0].startswith(f"{run_file}: step 1: loss") and "--resume" in lines[0], (
         result.output
     )
+
+
+def test_a_step_takes_turns_of_the_live_adapter_or_at_most_max_staleness_before_it():
+    from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+    from grooves.train.step import check_versions
+
+    def group(*versions):
+        turns = [
+            SampledTurn(prompt_token_ids=[1], token_ids=[2], logprobs=[-1.0], adapter_version=v)
+            for v in versions
+        ]
+        return TrajectoryGroup(
+            trajectories=[Trajectory(turns=turns), Trajectory(error="failed", turns=turns[:0])]
+        )
+
+    check_versions([group(5, None)], 5)  # a turn without a version was not sampled by the policy
+    with pytest.raises(RuntimeError, match=r"sampled by adapter versions \[4\], but the live adapter is 5$"):
+        check_versions([group(5, 4)], 5)
+    check_versions([group(4, 3)], 5, max_staleness=2)
+    with pytest.raises(RuntimeError, match=r"versions \[2, 6\], .* is 5 \(at most 2 behind it allowed\)"):
+        check_versions([group(2, 3), group(6)], 5, max_staleness=2)

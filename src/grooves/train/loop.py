@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -60,7 +59,7 @@ from grooves.train.checkpoint import (
 from grooves.train.data import train_stream
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
-from grooves.train.step import optimize, run_loss, to_sequences
+from grooves.train.step import reward_stats, run_loss, train_step
 from grooves.watch import Watch
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
@@ -177,19 +176,15 @@ async def run(
             score_metrics = _as_metrics(await score(groups)) if score is not None else {}
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
-            _check_on_policy(groups, policy.adapters.version)
-            seqs, seq_stats = to_sequences(groups, config)
-            train_stats = optimize(policy, optimizer, seqs, loss, config.optim) if seqs else {"loss": 0.0}
-            policy.adapters.bump()
+            step_stats, _ = train_step(policy, optimizer, groups, config, loss)
             t_train = time.perf_counter()
 
             metrics: dict[str, Any] = {
                 "step": step,
-                **_reward_stats(groups),
+                **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
-                **seq_stats,
-                **train_stats,
+                **step_stats,
             }
             metrics.update(
                 lr=config.optim.lr,
@@ -289,29 +284,7 @@ async def validate(
         seed_key=(step,),
     )
     scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
-    return {**_reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
-
-
-def _reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
-    trajs = [t for g in groups for t in g.ok]
-    rewards = [t.reward for t in trajs]
-    out: dict[str, float] = {
-        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
-        if trajs
-        else float("nan"),
-    }
-    if not prefix:
-        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-        signals = sorted({k for t in trajs for k in t.rewards})
-        for name in signals:
-            vals = [t.rewards[name] for t in trajs if name in t.rewards]
-            out[f"reward/{name}_mean"] = statistics.fmean(vals)
-        out["rollouts"] = float(sum(len(g) for g in groups))
-        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
-        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
-        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
-    return out
+    return {**reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
 
 
 class _WatchObserver:
@@ -362,21 +335,6 @@ def _as_metrics(result: Any) -> dict[str, float]:
     if result is None:
         return {}
     return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
-
-
-def _check_on_policy(groups: list[TrajectoryGroup], version: int) -> None:
-    """Every turn sampled this step must come from the adapter the trainer is about to update."""
-    stale = {
-        t.adapter_version
-        for g in groups
-        for tr in g.ok
-        for t in tr.turns
-        if t.adapter_version not in (None, version)
-    }
-    if stale:
-        raise RuntimeError(
-            f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {version}"
-        )
 
 
 def _step_bar(config: RunConfig, start: int):

@@ -31,6 +31,8 @@ are in `serve.chat`, the request and response shapes in `serve.schemas`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -40,6 +42,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
+from grooves.serve.keys import ApiKeys, KeyCheck
 from grooves.serve.routing import AdapterTable
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -57,13 +60,17 @@ def create_app(
     adapters: AdapterTable | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
+    keys: ApiKeys | None = None,
+    meter: Callable[[str, int, int], None] | None = None,
 ) -> FastAPI:
     """The HTTP app over `policy` (a `TransformersPolicy`, a `VLLMPolicy`, any `Policy`).
 
     `adapters` routes model names to adapters (default: the policy's own name only).
     `max_body_bytes` caps a request body (413); `max_request_tokens` caps `n x max_tokens` of one
-    request (400; None: no cap). `app.state` holds the policy, its `BatchScheduler` (close it when
-    the app's owner ends) and the adapter table.
+    request (400; None: no cap). `keys` requires an API key on every route (401 otherwise; see
+    `serve.keys`). `meter(model, prompt_tokens, completion_tokens)` is told about each answered
+    chat completion. `app.state` holds the policy, its `BatchScheduler` (close it when the app's
+    owner ends) and the adapter table.
     """
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
@@ -82,6 +89,15 @@ def create_app(
         ServerErrors,
         body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"),
     )
+    if keys is not None:  # outermost: a request without a known key is refused before its body is read
+        app.add_middleware(
+            KeyCheck,
+            keys=keys,
+            unauthorized=lambda reason: error_body(
+                f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
+                code="invalid_api_key",
+            ),
+        )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
@@ -105,7 +121,9 @@ def create_app(
         return JSONResponse(status_code=400, content=error_body(message, param=loc or None))
 
     app.include_router(
-        chat_router(policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens)
+        chat_router(
+            policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
+        )
     )
     return app
 

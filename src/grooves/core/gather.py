@@ -78,13 +78,17 @@ async def gather(
                 bar.update(1)
             return traj
 
+    tasks = [(gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)]
     try:
-        tasks = [
-            (gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)
-        ]
         for gi, task in tasks:
             groups[gi].trajectories.append(await task)
     finally:
+        # cancelled (Ctrl-C) or failed: no rollout outlives the call, so none is still sampling
+        # when its caller closes the sampler, and none ends later with an error nobody reads
+        pending = [task for _, task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         if bar is not None:
             bar.close()
     broken = [

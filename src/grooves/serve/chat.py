@@ -183,9 +183,17 @@ def refuse_unsupported(req: ChatRequest) -> None:
             raise APIError(400, f"{name} is not supported; leave it at 0", name)
 
 
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, prompt_ids, params, adapter):
     """The request's completions; if its client disconnects first, the scheduler drops its rows."""
     sampling = asyncio.ensure_future(scheduler.submit(prompt_ids, params, adapter=adapter))
+    # if this handler is cancelled, the sampling may still end with an error (the sampler closing
+    # under a Ctrl-C); it is read here, so asyncio never prints it as an exception nobody retrieved
+    sampling.add_done_callback(_read_outcome)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({sampling, gone}, return_when=asyncio.FIRST_COMPLETED)

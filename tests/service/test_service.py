@@ -15,7 +15,7 @@ from service_support import TOY, adapter, create, hosted, http, rows, service, t
 from grooves.client import ServiceError
 from grooves.client.wire import to_records
 from grooves.config import parse_config
-from grooves.core.gather import gather
+from grooves.core.gather import TooManyFailures, gather
 from grooves.core.handle import ModelHandle
 from grooves.policy import policy_for
 from grooves.serve.app import inprocess_client
@@ -25,7 +25,7 @@ from grooves.train.checkpoint import seed_everything
 from grooves.train.data import ScenarioStream
 from grooves.train.loop import train
 from grooves.train.optim import adamw
-from grooves.train.step import run_loss, train_step
+from grooves.train.step import reward_stats, run_loss, train_step
 
 TASK = ToyTokensTask(**TOY)
 
@@ -92,6 +92,41 @@ def test_a_loop_through_the_service_trains_as_the_in_process_trainer(tiny_model_
                     k: v for k, v in trained[step].items() if not k.startswith(("seconds_", "val/", "watch/"))
                 }
                 assert {k: metrics[k] for k in same} == same
+            await model.close()
+
+    asyncio.run(run())
+
+
+def test_the_clients_gather_records_failed_rollouts_and_stops_past_the_limit(tiny_model_dir, tmp_path):
+    """A rollout that raises is a failed trajectory, counted by the step and not trained on, as in the
+    trainer; past `max_failure_fraction` the gather raises and nothing is sent."""
+    calls = 0
+
+    async def flaky(handle, scenario):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise TimeoutError("judge did not answer")
+        return await TASK.rollout(handle, scenario)
+
+    async def broken(handle, scenario):
+        raise ConnectionError("environment down")
+
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir) as (_, transport):
+            model = await create(transport, "toy", toy_config(tiny_model_dir))
+            groups = await model.gather(flaky, _scenarios())
+            assert [t.error for g in groups for t in g.trajectories if t.error] == [
+                "TimeoutError: judge did not answer"
+            ]
+            result = await model.train(groups)
+            assert (result.metrics["rollouts"], result.metrics["failed_rollouts"]) == (8.0, 1.0)
+            assert {k: result.metrics[k] for k in reward_stats(groups)} == reward_stats(groups)
+            with pytest.raises(
+                TooManyFailures, match=r"8/8 rollouts failed .*ConnectionError: environment down"
+            ):
+                await model.gather(broken, _scenarios())
+            assert model.step == 1 and (await model.info())["step"] == 1
             await model.close()
 
     asyncio.run(run())
@@ -297,6 +332,21 @@ def test_model_names_are_checked_and_exist_ok_connects(tiny_model_dir, tmp_path)
                 assert refused.value.param == "name"
             for m in (model, again):
                 await m.close()
+
+    asyncio.run(run())
+
+
+def test_a_model_past_max_models_is_refused_and_leaves_no_folder(tiny_model_dir, tmp_path):
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir, max_models=1) as (app, transport):
+            model = await create(transport, "toy", toy_config(tiny_model_dir))
+            with pytest.raises(ServiceError) as refused:
+                await create(transport, "other", toy_config(tiny_model_dir))
+            assert (refused.value.status, refused.value.code) == (409, "max_models")
+            assert "at most 1 trainable models (--max-models)" in refused.value.message
+            assert len(app.state.service.models) == 1
+            assert not (tmp_path / "svc" / "default" / "other").exists()
+            await model.close()
 
     asyncio.run(run())
 

@@ -53,6 +53,8 @@ bench: setup
 	$(BIN)/python benchmarks/bench_floor.py
 	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
 	$(BIN)/python benchmarks/bench_watch_fpr.py
+	$(BIN)/python benchmarks/bench_streaming.py
+	$(BIN)/python benchmarks/bench_constraints.py --ignore-eos
 
 bench-trl: setup
 	bash benchmarks/setup_trl_env.sh

@@ -6,6 +6,8 @@ such uploads through. It buffers the body (both services need it whole anyway) a
 app a replay of it, after which `receive` is the server's own again, so an endpoint can still
 wait for `http.disconnect`.
 
+`ApiKey` refuses (401) a request that does not carry the server's key, before its body is read.
+
 `ServerErrors` turns an exception that escaped the app into a JSON 500 and returns normally.
 Starlette's own handler for `Exception` sends the 500 and then re-raises for logging, and uvicorn
 closes a connection whose app raised: the client's next request on that keep-alive connection
@@ -14,6 +16,7 @@ was reset, a failure that had nothing to do with it.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -89,3 +92,31 @@ class ServerErrors:
                 raise
             log.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
             await JSONResponse(self.body(exc), status_code=500)(scope, receive, send)
+
+
+class ApiKey:
+    """Answer 401 (`unauthorized(reason)`, a JSON body) to a request without `Authorization: Bearer <key>`.
+
+    Checked before the body is read, on every HTTP route; the comparison takes the same time
+    whatever the sent key, so the key cannot be guessed from response times.
+    """
+
+    def __init__(self, app: ASGIApp, *, key: str, unauthorized: Callable[[str], dict[str, Any]]):
+        if not key:
+            raise ValueError("the API key must not be empty")
+        self.app, self.key, self.unauthorized = app, key.encode(), unauthorized
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, sent = header.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(sent.strip(), self.key):
+            await self.app(scope, receive, send)
+            return
+        reason = "no API key was sent" if not header else "the API key is not this server's"
+        response = JSONResponse(
+            self.unauthorized(reason), status_code=401, headers={"www-authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)

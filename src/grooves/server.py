@@ -1,7 +1,7 @@
 """Moved to `grooves.serve` (`app`, `chat`, `errors`, `schemas`); kept for compatibility."""
 
 from grooves.serve.app import MAX_BODY_BYTES, MAX_REQUEST_TOKENS, create_app, inprocess_client, serve
-from grooves.serve.chat import check_content, refuse_unsupported, validate_tools
+from grooves.serve.chat import check_content, check_fields, validate_tools
 from grooves.serve.errors import APIError
 from grooves.serve.schemas import ChatRequest, Message, ToolCall, ToolCallFunction
 
@@ -14,9 +14,9 @@ __all__ = [
     "ToolCall",
     "ToolCallFunction",
     "check_content",
+    "check_fields",
     "create_app",
     "inprocess_client",
-    "refuse_unsupported",
     "serve",
     "validate_tools",
 ]

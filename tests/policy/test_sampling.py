@@ -143,7 +143,7 @@ def test_draws_follow_the_softmax_at_the_temperature_and_never_pick_a_zero_proba
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
     draws = 20_000
     rows = [_Row(request=0, temperature=0.5, top_p=1.0, max_tokens=1, stop=[]) for _ in range(draws)]
-    tokens, logps = _sample_rows(logits.expand(draws, -1).clone(), rows, torch.Generator().manual_seed(0))
+    tokens, logps, _ = _sample_rows(logits.expand(draws, -1).clone(), rows, torch.Generator().manual_seed(0))
     expected = torch.softmax(logits / 0.5, dim=-1)  # [0.865, 0.117, 0.0158, 0.0021, 0]
     freq = torch.bincount(tokens, minlength=5).double() / draws
     assert freq[4] == 0

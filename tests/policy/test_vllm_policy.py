@@ -89,6 +89,32 @@ def test_sampling_params_map_to_vllm_arguments():
         "skip_special_tokens": True,
     }
     assert vllm_sampling_kwargs(SamplingParams(), {2})["stop"] is None
+    shaped = vllm_sampling_kwargs(
+        SamplingParams(logit_bias={7: -100.0}, frequency_penalty=0.5, presence_penalty=-0.25, top_logprobs=3),
+        {2},
+    )
+    assert (
+        shaped["logit_bias"],
+        shaped["frequency_penalty"],
+        shaped["presence_penalty"],
+        shaped["logprobs"],
+    ) == ({7: -100.0}, 0.5, -0.25, 3)
+    with pytest.raises(
+        ValueError, match="constrained decoding .* is not available with model.backend = 'vllm'"
+    ):
+        vllm_sampling_kwargs(SamplingParams(constraint=lambda: None), {2})
+
+
+def test_vllm_top_logprobs_are_read_by_rank():
+    ranked = {
+        4: SimpleNamespace(logprob=-3.0, rank=5),
+        9: SimpleNamespace(logprob=-0.2, rank=1),
+        1: SimpleNamespace(logprob=-1.9, rank=2),
+    }
+    output = SimpleNamespace(token_ids=[4], text="x", finish_reason="stop", logprobs=[ranked])
+    c = completion_from_vllm(output, top_k=2)
+    assert c.logprobs == [-3.0] and c.top_logprobs == [[(9, -0.2), (1, -1.9)]]
+    assert completion_from_vllm(output).top_logprobs is None
 
 
 def _logprob(value):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -58,13 +59,15 @@ def test_ray_rollouts_match_the_in_process_runner(local_ray, policy):
     task = ToyTokensTask(vocab_size=487, num_scenarios=6)
     scenarios = task.scenarios("train")[:2]
     local = _gather(task.rollout, policy, scenarios, 4)
-    server = PolicyServer(policy)
-    runner = RayRolloutRunner(task.rollout, server.url, num_workers=2)
+    server = PolicyServer(policy, api_key="run-key")  # the trainer draws one per run; only its actors have it
+    runner = RayRolloutRunner(task.rollout, server.url, num_workers=2, api_key="run-key")
     try:
         remote = _gather(runner.rollout, policy, scenarios, 4)
+        keyless = httpx.get(server.url + "/models", timeout=10)
     finally:
         runner.close()
         server.close()
+    assert keyless.status_code == 401
     assert [len(g) for g in remote] == [4, 4]
     assert _fingerprint(remote) == _fingerprint(local)
     for lg, rg in zip(local, remote, strict=True):

@@ -345,7 +345,6 @@ BAD_REQUESTS = {
         None,
     ),
     "tool not a function": ({**BASE, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", None),
-    "stream": ({**BASE, "stream": True}, 400, "stream", None),
     # a seed past a signed 64-bit integer overflowed torch's generator and failed the whole batch
     "seed past int64": ({**BASE, "seed": 2**64 - 1}, 400, "seed", None),
     "seed below int64": ({**BASE, "seed": -(2**63) - 1}, 400, "seed", None),
@@ -400,21 +399,66 @@ BAD_REQUESTS = {
         "messages[0].content[0].text",
         None,
     ),
-    "forced tool_choice": ({**BASE, "tool_choice": "required"}, 400, "tool_choice", None),
-    "named tool_choice": (
-        {**BASE, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    "forced tool_choice without tools": ({**BASE, "tool_choice": "required"}, 400, "tool_choice", None),
+    "named tool_choice not in tools": (
+        {**_tool({"name": "g"}), "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        400,
+        "tool_choice.function.name",
+        None,
+    ),
+    "tool_choice not a choice": (
+        {**_tool({"name": "g"}), "tool_choice": "sometimes"},
         400,
         "tool_choice",
         None,
     ),
-    "json response_format": (
-        {**BASE, "response_format": {"type": "json_object"}},
+    "uncompilable json_schema": (
+        {
+            **BASE,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        },
         400,
-        "response_format",
+        "response_format.json_schema.schema",
         None,
     ),
-    "logit_bias": ({**BASE, "logit_bias": {"42": 100}}, 400, "logit_bias", None),
-    "presence_penalty": ({**BASE, "presence_penalty": 0.5}, 400, "presence_penalty", None),
+    "unknown response_format": (
+        {**BASE, "response_format": {"type": "yaml"}},
+        400,
+        "response_format.type",
+        None,
+    ),
+    "logit_bias key not a token": ({**BASE, "logit_bias": {"hello": 1}}, 400, "logit_bias", None),
+    "logit_bias key past the vocabulary": ({**BASE, "logit_bias": {"99999999": 1}}, 400, "logit_bias", None),
+    "logit_bias value past 100": ({**BASE, "logit_bias": {"42": 101}}, 400, "logit_bias", None),
+    "presence_penalty past 2": ({**BASE, "presence_penalty": 2.5}, 400, "presence_penalty", None),
+    "frequency_penalty a string": ({**BASE, "frequency_penalty": "high"}, 400, "frequency_penalty", None),
+    "top_logprobs past 20": ({**BASE, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+    "top_logprobs without logprobs": ({**BASE, "top_logprobs": 3}, 400, "top_logprobs", None),
+    "stream_options without stream": (
+        {**BASE, "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        None,
+    ),
+    "stream_options unknown key": (
+        {**BASE, "stream": True, "stream_options": {"include_obfuscation": True}},
+        400,
+        "stream_options.include_obfuscation",
+        None,
+    ),
+    "parallel_tool_calls false with auto": (
+        {**_tool({"name": "g"}), "parallel_tool_calls": False},
+        400,
+        "parallel_tool_calls",
+        None,
+    ),
+    "a field OpenAI does not have": ({**BASE, "temprature": 0.5}, 400, "temprature", None),
+    "a field this server refuses": ({**BASE, "user": "alice"}, 400, "user", None),
+    "reasoning_effort": ({**BASE, "reasoning_effort": "high"}, 400, "reasoning_effort", None),
+    "store true": ({**BASE, "store": True}, 400, "store", None),
 }
 
 

@@ -9,9 +9,10 @@
 `path` is resolved on the server like every adapter command's SOURCE: an adapter folder, a
 checkpoint folder, or a run folder with `select` = latest | best | step (and `metric`, `mode`).
 Loading reads files and waits for the sampler's lock, so it runs on a worker thread; the event
-loop keeps answering requests meanwhile. These endpoints change what the server runs, so an app
-has them only when its owner mounts them (`mount_admin`; `grooves serve` does unless
-`--no-admin`): bind such a server to a private interface.
+loop keeps answering requests meanwhile. These endpoints change what the server runs and read any
+path on its disk, so an app has them only when its owner mounts them (`mount_admin`; `grooves
+serve` does only with `--admin`, and with `--api-key` they need the key like every route); the
+trainer's own server never does.
 """
 
 from __future__ import annotations

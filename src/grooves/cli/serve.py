@@ -1,4 +1,4 @@
-"""`grooves serve`: a policy behind the OpenAI-compatible API, with the adapter admin endpoints;
+"""`grooves serve`: a policy behind the OpenAI-compatible API (adapter admin endpoints with `--admin`);
 with `--train`, the training service (trainable models that a user's own loop trains over HTTP).
 
 Kept apart from the code it drives so that `grooves --help` stays fast: torch and transformers
@@ -40,7 +40,16 @@ def serve_command(
         "NAME=PATH: served as model NAME beside the base (repeatable; more load at run time via /v1/adapters).",
     ),
     admin: bool = typer.Option(
-        True, "--admin/--no-admin", help="Mount /v1/adapters: load, unload, promote, roll back at run time."
+        False,
+        "--admin",
+        help="Mount /v1/adapters (load, unload, promote, roll back at run time). They load any path on this "
+        "machine's disk: only with --api-key, or on a loopback host.",
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="GROOVES_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every route (401 otherwise); or set GROOVES_API_KEY.",
     ),
     max_n: int = typer.Option(
         64, "--max-n", min=1, help="Largest `n` one request may ask for (samples share one prefill)."
@@ -75,12 +84,6 @@ def serve_command(
     max_models: int = typer.Option(
         8, "--max-models", min=1, help="With --train: most trainable models at once."
     ),
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="GROOVES_API_KEY",
-        help="Require 'Authorization: Bearer KEY' on every route (401 otherwise); or set GROOVES_API_KEY.",
-    ),
     api_keys: str | None = typer.Option(
         None,
         "--api-keys",
@@ -95,14 +98,27 @@ def serve_command(
     from grooves.serve.keys import ApiKeys
     from grooves.serve.routing import AdapterTable
 
+    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
     try:
         own, named = parse_adapter_options(adapter, served_name or model)
         if api_key and api_keys:
             raise ValueError("--api-key and --api-keys: pass one of them (a keys file can hold one key)")
-        keys = ApiKeys.from_file(api_keys) if api_keys else ApiKeys.single(api_key) if api_key else None
+        if train and admin:
+            raise ValueError(
+                "--admin with --train: the training service has no /v1/adapters routes (they load any path on "
+                "this machine's disk); tenants promote their own checkpoints instead"
+            )
+        # a tenant per key: a keys file, or with --train the one key as the tenant "default"
+        keys = (
+            ApiKeys.from_file(api_keys)
+            if api_keys
+            else ApiKeys.single(api_key)
+            if api_key and train
+            else None
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
-    if keys is None and host not in ("127.0.0.1", "localhost", "::1"):
+    if keys is None and api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         console.print(
             f"warning: --host {host} without --api-key: anyone who reaches this port can use the server",
             highlight=False,
@@ -148,7 +164,9 @@ def serve_command(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
             highlight=False,
         )
-    app = create_app(policy, max_n=max_n, adapters=table, keys=keys, **limits)
+    app = create_app(
+        policy, max_n=max_n, adapters=table, api_key=api_key if keys is None else None, keys=keys, **limits
+    )
     if admin:
         mount_admin(app)
     serve(app, host=host, port=port)

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grooves.policy.control_tokens import ControlTextGuard
 from grooves.policy.sampling import Completion
+from grooves.policy.tool_calls import ToolCallCounters
 from grooves.policy.tool_format import ParsedOutput, ToolFormat, tool_format_for
+
+if TYPE_CHECKING:
+    from grooves.policy.constraints import Constraint
+
+log = logging.getLogger("grooves.policy")
 
 
 class ContextOverflow(ValueError):
@@ -55,9 +62,16 @@ class PromptState:
         max_context: int,
         eos_token_ids: set[int],
         max_records: int = 20_000,
+        grammar_unavailable: str | None = None,
     ):
         self.tokenizer = tokenizer
-        self.tool_format: ToolFormat = tool_format_for(tool_format, tokenizer.chat_template)
+        self.tool_format: ToolFormat = tool_format_for(tool_format, tokenizer.chat_template, tokenizer)
+        self.tool_calls = ToolCallCounters()
+        """Calls read from sampled text, and call-like blocks kept as text because they did not parse."""
+        self._grammars = None
+        """The grammar compiler for constrained decoding, built on first use (`constraint_for`)."""
+        self.grammar_unavailable = grammar_unavailable
+        """Why this policy's sampler cannot run a grammar (None: it can); a request that needs one is refused."""
         self.max_context = max_context
         self.eos_token_ids = eos_token_ids
         self.guard = ControlTextGuard(tokenizer)
@@ -129,5 +143,42 @@ class PromptState:
             )
 
     def parse(self, text: str, tools) -> ParsedOutput:
-        """Sampled text as an assistant message's content and OpenAI `tool_calls`."""
-        return self.tool_format.parse(text, tools)
+        """Sampled text as an assistant message's content and OpenAI `tool_calls`; call-like blocks
+        that do not parse stay in the content, counted (`tool_calls.unparsed`) and logged."""
+        parsed = self.tool_format.parse(text, tools)
+        self.tool_calls.parsed += len(parsed.tool_calls)
+        self.tool_calls.unparsed += len(parsed.unparsed)
+        for block in parsed.unparsed:
+            log.warning("tool call kept as text (%s): %.200r", block.reason, block.text)
+        return parsed
+
+    def constraint_for(
+        self, *, response_format=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True
+    ) -> Constraint | None:
+        """The grammar a request's `response_format` / `tool_choice` imposes on its samples, or None.
+
+        Calls are forced in this model's own tool-call syntax. Raises `ConstraintError` (with the
+        request field to name) for what cannot be compiled, or for any grammar when the policy's
+        sampler cannot run one (`grammar_unavailable`).
+        """
+        from grooves.policy.constraints import ConstraintError, GrammarCompiler, request_grammar
+
+        grammar = request_grammar(
+            self.tool_format.syntax,
+            response_format=response_format,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+        )
+        if grammar is None:
+            return None
+        if self.grammar_unavailable is not None:
+            field = grammar.param.split(".")[0]
+            raise ConstraintError(
+                f"{field} needs constrained decoding, which is not available here: {self.grammar_unavailable}; "
+                "send it to a server with model.backend = 'transformers', or leave it out",
+                field,
+            )
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.eos_token_ids)
+        return self._grammars.compile(grammar)

@@ -15,6 +15,13 @@ Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full 
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
 ratio compares like with like; with top_p < 1 the sampler draws from a truncated distribution,
 which makes training slightly off-policy, so training runs default to top_p = 1.
+
+A row's logits can pass through per-row hooks before the temperature (`policy/logits.py`): the
+request's `logit_bias`, its frequency and presence penalties, and a grammar mask for constrained
+decoding (`SamplingParams.constraint`, see `policy/constraints.py`). When they do, the recorded
+logprob is that of the changed distribution, the one the token was drawn from (masked tokens
+have no mass and the rest are renormalized), and `top_logprobs` list that distribution's most
+likely tokens. Rows without hooks take the plain path at no extra cost.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from typing import Protocol
 import torch
 
 from grooves.core.forward import kept_positions
+from grooves.policy.logits import LogitBias, Penalties, RowLogits, top_logprobs
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (OpenAI's limit for `top_logprobs`)."""
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """A request's seed is a signed 64-bit integer (as in OpenAI's API); sample k of n uses seed + k,
@@ -40,6 +51,30 @@ class SamplingParams:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to the logits of these token ids before sampling (OpenAI's `logit_bias`, -100 .. 100)."""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    """OpenAI's penalties on tokens already sampled in the completion, -2 .. 2 (`logits.penalized`)."""
+    top_logprobs: int = 0
+    """How many of the most likely tokens to report at each position (0 .. MAX_TOP_LOGPROBS)."""
+    constraint: Callable[[], RowLogits] | None = None
+    """Makes each sampled row's grammar mask (`policy/constraints.py`); None: unconstrained."""
+    on_tokens: Callable[[list[TokenEvent]], None] | None = None
+    """Called on the sampling thread after each decode step with the tokens this request's rows
+    sampled in it (streaming); it must not block: hand the events to another thread (e.g.
+    `loop.call_soon_threadsafe`). One call per step, not per row, keeps the handoffs few."""
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of sample `index` of a request; `completion` is set when it ended that sample."""
+
+    index: int
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None
+    completion: Completion | None
 
 
 @dataclass
@@ -50,6 +85,8 @@ class Completion:
     finish_reason: (
         str  # "stop" (eos or a stop string) | "length" | "cancelled" (the caller withdrew the request)
     )
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per token, the `top_logprobs` most likely (token id, logprob) of its distribution; None when not asked."""
 
 
 class Decoder(Protocol):
@@ -106,10 +143,34 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
+    hooks: list[RowLogits] = field(default_factory=list)
+    """Applied to this row's logits in order before each draw (bias, penalties, grammar mask)."""
+    top_k: int = 0
+    """`top_logprobs` of the request: alternatives recorded per token."""
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    index: int = 0
+    """Which of its request's n samples this row is."""
+    on_tokens: Callable[[list[TokenEvent]], None] | None = None
+
+
+def _hooked(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+    """The logits [R, V] after each row's hooks; the input itself when no row has any."""
+    if not any(r.hooks for r in rows):
+        return logits
+    logits = logits.clone()
+    for j, r in enumerate(rows):
+        for hook in r.hooks:
+            hook.apply(logits[j])
+    return logits
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Generator | None):
-    """One token per row. logits: [R, V] float32. Returns (tokens [R], logprobs [R])."""
+    """One token per row. logits: [R, V] float32. Returns (tokens [R], logprobs [R], top logprobs or None).
+
+    The top logprobs (a list per row, empty for rows that did not ask) come from the same
+    distribution as the logprob: the hooked logits at the row's temperature (1 for greedy rows).
+    """
+    logits = _hooked(logits, rows)
     temps = torch.tensor([max(r.temperature, 1e-5) for r in rows], dtype=logits.dtype)  # [R]
     greedy = torch.tensor([r.temperature == 0 for r in rows])  # [R]
     scaled = logits / temps[:, None]  # [R, V]
@@ -138,7 +199,11 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
         logp = torch.where(greedy[:, None], torch.log_softmax(logits, dim=-1), logp)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, chosen
+    k = max(r.top_k for r in rows)
+    top = top_logprobs(logp, k) if k > 0 else None
+    if top is not None:
+        top = [t[: r.top_k] for t, r in zip(top, rows, strict=True)]
+    return tokens, chosen, top
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -185,6 +250,8 @@ def sample(
             raise ValueError(
                 f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
             )
+        if not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"params[{i}].top_logprobs={p.top_logprobs} is outside [0, {MAX_TOP_LOGPROBS}]")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     # identical prompts (a group's rollouts sent as separate requests) are prefilled once
@@ -208,12 +275,27 @@ def sample(
     cache = out.past_key_values
     last_logits = out.logits[:, -1, :].float()  # [U, V]
 
+    vocab = int(last_logits.shape[-1])
     rows: list[_Row] = []
     expand: list[int] = []
     for i, p in enumerate(params):
         for k in range(p.n):
             g = torch.Generator().manual_seed(p.seed + k) if p.seed is not None else None
-            rows.append(_Row(i, p.temperature, p.top_p, p.max_tokens, list(p.stop), g))
+            hooks = _row_hooks(p, vocab)
+            rows.append(
+                _Row(
+                    i,
+                    p.temperature,
+                    p.top_p,
+                    p.max_tokens,
+                    list(p.stop),
+                    g,
+                    hooks=hooks,
+                    top_k=p.top_logprobs,
+                    index=k,
+                    on_tokens=p.on_tokens,
+                )
+            )
             expand.append(slot[i])
     index = torch.tensor(expand, device=device)
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
@@ -223,9 +305,10 @@ def sample(
     active = list(range(len(rows)))
 
     while active:
-        tokens, logps = _sample_rows(logits, [rows[a] for a in active], generator)
+        tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
         gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
         still: list[int] = []
+        events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
         for j, a in enumerate(active):
             row = rows[a]
             if row.request in gone:
@@ -234,6 +317,8 @@ def sample(
             tok = int(tokens[j])
             row.tokens.append(tok)
             row.logprobs.append(float(logps[j]))
+            if row.top_k:
+                row.top.append(top[j])
             if tok in eos_token_ids:
                 row.finish = "stop"
             elif row.stop and _hits_stop(tokenizer, row):
@@ -242,6 +327,15 @@ def sample(
                 row.finish = "length"
             else:
                 still.append(j)
+                for hook in row.hooks:
+                    hook.advance(tok)
+            if row.on_tokens is not None:
+                done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
+                events.setdefault(row.request, []).append(
+                    TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done)
+                )
+        for request, step in events.items():
+            params[request].on_tokens(step)
         if not still:
             break
         if len(still) < len(active):
@@ -258,6 +352,18 @@ def sample(
     return results
 
 
+def _row_hooks(p: SamplingParams, vocab: int) -> list[RowLogits]:
+    """One row's logits hooks, in the order they apply: bias, penalties, grammar mask."""
+    hooks: list[RowLogits] = []
+    if p.logit_bias:
+        hooks.append(LogitBias(p.logit_bias, vocab))
+    if p.frequency_penalty or p.presence_penalty:
+        hooks.append(Penalties(p.frequency_penalty, p.presence_penalty, vocab))
+    if p.constraint is not None:
+        hooks.append(p.constraint())
+    return hooks
+
+
 def _hits_stop(tokenizer, row: _Row) -> bool:
     tail = tokenizer.decode(row.tokens[-16:], skip_special_tokens=False)
     return any(s in tail for s in row.stop)
@@ -271,5 +377,9 @@ def _finish(tokenizer, row: _Row, eos_token_ids: set[int]) -> Completion:
         if cut >= 0:
             text = text[:cut]
     return Completion(
-        token_ids=row.tokens, logprobs=row.logprobs, text=text, finish_reason=row.finish or "length"
+        token_ids=row.tokens,
+        logprobs=row.logprobs,
+        text=text,
+        finish_reason=row.finish or "length",
+        top_logprobs=row.top if row.top_k else None,
     )

@@ -15,19 +15,29 @@ SmolLM2 (the embedded default) was tuned on function calling with this conventio
   other role (`<|im_start|>tool ... <|im_end|>`).
 
 Families with native tool support in their chat template (Qwen2.5, Llama 3.1) use
-`TemplateToolFormat`, which passes `tools` to `apply_chat_template` and parses Hermes-style
-`<tool_call>{...}</tool_call>` blocks. Pick one per model with `tool_format_for`.
+`TemplateToolFormat`, which passes `tools` to `apply_chat_template` and reads calls in the syntax
+the template teaches: Hermes-style `<tool_call>{...}</tool_call>` blocks, Llama 3.1's JSON, or the
+tokenizer's declared `response_template` (`policy/tool_calls.py`). Pick one per model with
+`tool_format_for`. Each format's `syntax` both parses calls and, for forced calls, gives the
+grammar that makes the model write them (`policy/constraints.py`).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+from grooves.policy.tool_calls import (
+    TOOL_CALL_BLOCK,
+    CallSyntax,
+    DeclaredSyntax,
+    ParsedOutput,
+    SmolLM2Syntax,
+    parse_tagged,
+    syntax_for_template,
+)
+
+TOOL_CALL_RE = TOOL_CALL_BLOCK
 
 SMOLLM2_TOOL_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible "
@@ -40,13 +50,10 @@ SMOLLM2_TOOL_PROMPT = (
 )
 
 
-@dataclass
-class ParsedOutput:
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-
-
 class ToolFormat(Protocol):
+    syntax: CallSyntax
+    """How calls are written in the output: parsed back, and forced by a grammar."""
+
     def template_messages(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -70,42 +77,13 @@ def _call_text(tool_calls: list[dict[str, Any]]) -> str:
     return "<tool_call>" + json.dumps(calls) + "</tool_call>"
 
 
-def _new_call(name: str, arguments: Any) -> dict[str, Any]:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
 def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
-    """Extract `<tool_call>` blocks whose JSON names a declared tool.
+    """Extract `<tool_call>` blocks whose JSON names a declared tool (see `tool_calls.parse_tagged`).
 
     A block that is not valid JSON, or names an undeclared tool, stays in the content as text: the
     agent (and the reward) sees what the model wrote instead of a silently dropped call.
     """
-    if not tools or "<tool_call>" not in text:
-        return ParsedOutput(content=text, tool_calls=[])
-    names = {t.get("function", t).get("name") for t in tools}
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for m in TOOL_CALL_RE.finditer(text):
-        try:
-            payload = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        items = payload if isinstance(payload, list) else [payload]
-        if not items or not all(isinstance(i, dict) and i.get("name") in names for i in items):
-            continue
-        kept.append(text[last : m.start()])
-        last = m.end()
-        calls.extend(_new_call(i["name"], i.get("arguments", {})) for i in items)
-    kept.append(text[last:])
-    content = "".join(kept).strip()
-    return ParsedOutput(content=content or None, tool_calls=calls)
+    return parse_tagged(text, tools)
 
 
 def _plain_content(message: dict[str, Any]) -> str:
@@ -117,6 +95,9 @@ def _plain_content(message: dict[str, Any]) -> str:
 
 class SmolLM2ToolFormat:
     """Tools in the system prompt, calls as `<tool_call>[...]</tool_call>` (see module docstring)."""
+
+    def __init__(self):
+        self.syntax: CallSyntax = SmolLM2Syntax()
 
     def template_messages(self, messages, tools):
         out: list[dict[str, Any]] = []
@@ -134,11 +115,14 @@ class SmolLM2ToolFormat:
         return out, None
 
     def parse(self, text, tools):
-        return parse_tool_calls(text, tools)
+        return self.syntax.parse(text, tools)
 
 
 class TemplateToolFormat:
-    """For chat templates that render `tools` and `tool_calls` themselves (Hermes-style output)."""
+    """For chat templates that render `tools` and `tool_calls` themselves; calls in the template's syntax."""
+
+    def __init__(self, syntax: CallSyntax | None = None):
+        self.syntax: CallSyntax = syntax or syntax_for_template(None)
 
     def template_messages(self, messages, tools):
         out = []
@@ -153,7 +137,7 @@ class TemplateToolFormat:
         return out, tools
 
     def parse(self, text, tools):
-        return parse_tool_calls(text, tools)
+        return self.syntax.parse(text, tools)
 
 
 def _maybe_json(value: Any) -> Any:
@@ -168,12 +152,17 @@ def _maybe_json(value: Any) -> Any:
 TOOL_FORMATS: dict[str, type] = {"smollm2": SmolLM2ToolFormat, "template": TemplateToolFormat}
 
 
-def tool_format_for(name: str | None, chat_template: str | None) -> ToolFormat:
-    """`name` from config wins; otherwise templates that mention `tools` render them natively."""
-    if name is not None:
-        if name not in TOOL_FORMATS:
-            raise ValueError(f"tool_format {name!r} is unknown; choose one of {sorted(TOOL_FORMATS)}")
-        return TOOL_FORMATS[name]()
-    if chat_template and "tools" in chat_template:
-        return TemplateToolFormat()
-    return SmolLM2ToolFormat()
+def tool_format_for(name: str | None, chat_template: str | None, tokenizer=None) -> ToolFormat:
+    """`name` from config wins; otherwise templates that mention `tools` render them natively.
+
+    A template format reads calls in the syntax its template writes (`syntax_for_template`), or
+    with the tokenizer's declared `response_template` when it has one.
+    """
+    if name is not None and name not in TOOL_FORMATS:
+        raise ValueError(f"tool_format {name!r} is unknown; choose one of {sorted(TOOL_FORMATS)}")
+    if name == "smollm2" or (name is None and not (chat_template and "tools" in chat_template)):
+        return SmolLM2ToolFormat()
+    syntax = syntax_for_template(chat_template)
+    if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
+        syntax = DeclaredSyntax(tokenizer, syntax)
+    return TemplateToolFormat(syntax)

@@ -119,11 +119,25 @@ class AdapterPublisher:
 def vllm_sampling_kwargs(params: SamplingParams, eos_token_ids: set[int]) -> dict[str, Any]:
     """Arguments of `vllm.SamplingParams` for one grooves request.
 
-    top_k = 0 turns top-k off (as in the CPU sampler); logprobs = 0 returns the sampled token's
-    logprob only; the end-of-turn ids are passed as stop tokens because the engine is started
-    without the model's generation_config (whose sampling defaults would silently apply).
+    top_k = 0 turns top-k off (as in the CPU sampler); logprobs = k returns the sampled token's
+    logprob and the k most likely (`top_logprobs`); the end-of-turn ids are passed as stop tokens
+    because the engine is started without the model's generation_config (whose sampling defaults
+    would silently apply). `logit_bias` and the penalties are vLLM's own, with OpenAI's meaning;
+    they are passed only when set, so an engine version without them fails loudly, not silently.
+    A grammar constraint is refused: this backend does not run the CPU sampler's grammar masks.
     """
-    return {
+    if params.constraint is not None:
+        raise ValueError(
+            "constrained decoding (response_format, forced tool_choice) is not available with model.backend = 'vllm'"
+        )
+    extra: dict[str, Any] = {}
+    if params.logit_bias:
+        extra["logit_bias"] = dict(params.logit_bias)
+    if params.frequency_penalty:
+        extra["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        extra["presence_penalty"] = params.presence_penalty
+    return extra | {
         "n": params.n,
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
@@ -132,12 +146,12 @@ def vllm_sampling_kwargs(params: SamplingParams, eos_token_ids: set[int]) -> dic
         "seed": params.seed,
         "stop": list(params.stop) or None,
         "stop_token_ids": sorted(eos_token_ids),
-        "logprobs": 0,
+        "logprobs": params.top_logprobs,
         "skip_special_tokens": True,
     }
 
 
-def completion_from_vllm(output: Any) -> Completion:
+def completion_from_vllm(output: Any, top_k: int = 0) -> Completion:
     """A vLLM `CompletionOutput` as a grooves `Completion` (ids, their logprobs, text, finish reason)."""
     ids = [int(t) for t in output.token_ids]
     if output.logprobs is None:
@@ -146,7 +160,27 @@ def completion_from_vllm(output: Any) -> Completion:
         )
     logprobs = [float(output.logprobs[i][t].logprob) for i, t in enumerate(ids)]
     finish = "length" if output.finish_reason == "length" else "stop"
-    return Completion(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=finish)
+    return Completion(
+        token_ids=ids,
+        logprobs=logprobs,
+        text=output.text,
+        finish_reason=finish,
+        top_logprobs=_top_from_vllm(output, ids, top_k),
+    )
+
+
+def _top_from_vllm(output: Any, ids: list[int], k: int) -> list[list[tuple[int, float]]] | None:
+    """The k most likely tokens per position: vLLM returns them beside the sampled token, each with its
+    rank (1 = most likely); the sampled token is among them only when its own rank is at most k."""
+    if k <= 0:
+        return None
+    top = []
+    for i in range(len(ids)):
+        ranked = sorted(
+            (lp.rank, int(tok), float(lp.logprob)) for tok, lp in output.logprobs[i].items() if lp.rank <= k
+        )
+        top.append([(tok, value) for _, tok, value in ranked])
+    return top
 
 
 class VllmAdapters:
@@ -253,6 +287,8 @@ class VLLMPolicy:
             tool_format=tool_format,
             eos_token_ids=end_of_turn_ids(self.tokenizer, self.model),
             max_context=max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048)),
+            # refused when the request is read (a 400), not when the engine is handed the batch (a 500)
+            grammar_unavailable="model.backend = 'vllm' samples in vLLM's engine, which does not run grooves' grammar masks",
         )
         self.sleep_level = sleep_level
         self.llm = LLM(
@@ -320,4 +356,7 @@ class VLLMPolicy:
                 lora_request=request,
                 use_tqdm=False,
             )
-        return [[completion_from_vllm(o) for o in out.outputs] for out in outputs]
+        return [
+            [completion_from_vllm(o, p.top_logprobs) for o in out.outputs]
+            for out, p in zip(outputs, params, strict=True)
+        ]

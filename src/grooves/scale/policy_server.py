@@ -71,8 +71,10 @@ class PolicyServer(ThreadedServer):
         port: int = 0,
         advertise: str | None = None,
         timeout_s: float = 30.0,
+        api_key: str | None = None,
     ):
-        self.app = create_app(policy)
+        # no admin routes: the trainer's server samples, and nothing may change what it runs from outside
+        self.app = create_app(policy, api_key=api_key)
         super().__init__(self.app, host=host, port=port, advertise=advertise, timeout_s=timeout_s)
         self.url = self.base_url + "/v1"
 

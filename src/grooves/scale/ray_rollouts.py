@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import secrets
 import traceback
 from typing import Any
 
@@ -106,6 +107,7 @@ class RayRolloutRunner:
         address: str | None = None,
         num_workers: int = 2,
         max_concurrency: int = 256,
+        api_key: str = "grooves",
     ):
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -113,7 +115,7 @@ class RayRolloutRunner:
         _send_code_by_value(rollout)
         try:
             self._workers = [
-                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url)
+                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url, api_key)
                 for _ in range(num_workers)
             ]
         except TypeError as exc:  # cloudpickle could not serialize the function or its task object
@@ -154,8 +156,12 @@ class RayRollouts:
             ray.init(address=address, include_dashboard=False)
         # on a cluster the server listens on all interfaces and the actors call this node's address
         advertise = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
-        server = PolicyServer(policy, host=host, advertise=advertise)
-        return cls(server, RayRolloutRunner(rollout, server.url, num_workers=num_workers), owns_ray)
+        # a key drawn for this run: the server may listen on every interface, and only the actors have it
+        key = secrets.token_urlsafe(24)
+        server = PolicyServer(policy, host=host, advertise=advertise, api_key=key)
+        return cls(
+            server, RayRolloutRunner(rollout, server.url, num_workers=num_workers, api_key=key), owns_ray
+        )
 
     def close(self) -> None:
         self.runner.close()

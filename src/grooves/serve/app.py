@@ -16,17 +16,19 @@ One server can serve several LoRA adapters on one base model: `/v1/models` lists
 the request's `model` picks one (`serve.routing` keeps swaps atomic). The `/v1/adapters`
 endpoints that load, unload, promote and roll them back at run time are
 `grooves.adapters.admin.mount_admin(app)`, mounted by whoever serves the app to adapter
-operators (`grooves serve` does, unless `--no-admin`); an app from `create_app` alone has none.
+operators (`grooves serve` only with `--admin`); an app from `create_app` alone has none, and
+the trainer's servers never mount them. With `api_key` every route needs it (`grooves.asgi.ApiKey`).
 
 `inprocess_client(policy)` gives an `openai.AsyncOpenAI` that reaches this app over an in-memory
 ASGI transport: the trainer and tests use the same code path as a remote agent, without a port.
 
 Bad input is a 4xx with an OpenAI-style JSON error body naming the parameter (`serve.errors`),
-never a 500 with a traceback; input the server cannot honour (an image part, `response_format`,
-a forced `tool_choice`) is refused the same way rather than dropped. Limits (see
-docs/serving.md): the request body (`max_body_bytes`, 413), the largest `n`, and the tokens one
-request may ask the sampler for (`n x max_tokens` at most `max_request_tokens`). The endpoints
-are in `serve.chat`, the request and response shapes in `serve.schemas`.
+never a 500 with a traceback; a request field the server does not implement is refused the same
+way rather than ignored (`serve.compat`), and unknown routes and methods answer in the same shape.
+Limits (see docs/serving.md): the request body (`max_body_bytes`, 413), the largest `n`, and the
+tokens one request may ask the sampler for (`n x max_tokens` at most `max_request_tokens`). The
+endpoints are in `serve.chat`, streaming in `serve.streaming`, the request and response shapes in
+`serve.schemas`.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from grooves.asgi import BodyLimit, ServerErrors
+from grooves.asgi import ApiKey, BodyLimit, ServerErrors
 from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
@@ -60,6 +63,7 @@ def create_app(
     adapters: AdapterTable | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
+    api_key: str | None = None,
     keys: ApiKeys | None = None,
     meter: Callable[[str, int, int], None] | None = None,
 ) -> FastAPI:
@@ -67,10 +71,12 @@ def create_app(
 
     `adapters` routes model names to adapters (default: the policy's own name only).
     `max_body_bytes` caps a request body (413); `max_request_tokens` caps `n x max_tokens` of one
-    request (400; None: no cap). `keys` requires an API key on every route (401 otherwise; see
-    `serve.keys`). `meter(model, prompt_tokens, completion_tokens)` is told about each answered
-    chat completion. `app.state` holds the policy, its `BatchScheduler` (close it when the app's
-    owner ends) and the adapter table.
+    request (400; None: no cap). `api_key`, when set, is required on every route as
+    `Authorization: Bearer <key>` (a 401 in OpenAI's shape otherwise, before the body is read);
+    `keys` instead names a tenant per key (see `serve.keys`), for the training service.
+    `meter(model, prompt_tokens, completion_tokens)` is told about each answered chat completion.
+    `app.state` holds the policy, its `BatchScheduler` (close it when the app's owner ends) and the
+    adapter table. The adapter admin routes are not in it: `grooves.adapters.admin.mount_admin(app)`.
     """
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
@@ -89,14 +95,33 @@ def create_app(
         ServerErrors,
         body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"),
     )
-    if keys is not None:  # outermost: a request without a known key is refused before its body is read
-        app.add_middleware(
-            KeyCheck,
-            keys=keys,
-            unauthorized=lambda reason: error_body(
-                f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
-                code="invalid_api_key",
-            ),
+    if api_key is not None and keys is not None:
+        raise ValueError("give create_app api_key (one key) or keys (a tenant per key), not both")
+
+    def unauthorized(reason: str) -> dict:
+        return error_body(
+            f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
+            code="invalid_api_key",
+        )
+
+    # outermost: a request without a known key is refused before its body is read
+    if keys is not None:
+        app.add_middleware(KeyCheck, keys=keys, unauthorized=unauthorized)
+    elif api_key is not None:
+        app.add_middleware(ApiKey, key=api_key, unauthorized=unauthorized)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # unknown routes and methods: OpenAI's error shape, not FastAPI's {"detail": ...}
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; this server has /v1/models, /v1/chat/completions, /health"
+            code = "not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return JSONResponse(
+            status_code=exc.status_code, content=error_body(message, code=code), headers=exc.headers
         )
 
     @app.exception_handler(APIError)

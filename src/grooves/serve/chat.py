@@ -1,10 +1,12 @@
-"""The chat completions endpoints: `/v1/models` and `/v1/chat/completions`.
+"""The chat completions endpoints: `/v1/models`, `/v1/models/{id}`, `/v1/chat/completions`, `/health`.
 
-A request is checked (model, limits, content parts, tools, parameters the sampler cannot honour),
-its prompt rendered by the policy on a worker thread (a long prompt does not stall the event loop),
-and it is sampled through the app's `BatchScheduler` with the adapter its `model` names. A failure
-while sampling fails only this request (a JSON 500 that leaves the connection open); a request
-whose client disconnects is withdrawn from the sampler at its next decode step.
+A request is checked (model, limits, content parts, tools, every field against the compatibility
+table of `serve.compat`), its prompt rendered by the policy on a worker thread (a long prompt does
+not stall the event loop), its `response_format` / `tool_choice` compiled into a grammar
+(`policy.constraints`), and it is sampled through the app's `BatchScheduler` with the adapter its
+`model` names, answered whole or streamed (`serve.streaming`). A failure while sampling fails only
+this request (a JSON 500 that leaves the connection open); a request whose client disconnects is
+withdrawn from the sampler at its next decode step.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from fastapi import APIRouter, Request
 
 from grooves.policy.base import ContextOverflow, Policy
 from grooves.policy.batching import BatchScheduler
+from grooves.policy.constraints import ConstraintError
+from grooves.policy.logits import LOGIT_BIAS_RANGE
 from grooves.policy.sampling import Completion, SamplingParams
+from grooves.serve import compat
 from grooves.serve.errors import APIError
 from grooves.serve.routing import AdapterTable, UnknownModel
 from grooves.serve.schemas import ChatRequest, Message, choice_body, completion_body, logprobs_block
+from grooves.serve.streaming import stream_completion
 
 log = logging.getLogger("grooves.server")
 
@@ -52,6 +58,33 @@ def chat_router(
         ]
         return {"object": "list", "data": data}
 
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        for entry in (await models())["data"]:
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(
+            404,
+            f"model {model_id!r} is not served here; available: {adapters.names()}",
+            "model",
+            "model_not_found",
+        )
+
+    @router.get("/health")
+    async def health():
+        counters, calls = scheduler.counters, policy.prompts.tool_calls
+        return {
+            "status": "ok",
+            "models": adapters.names(),
+            "adapter_version": policy.adapters.version,
+            "sampler": {
+                "batches": counters.batches,
+                "failed_requests": counters.failed_requests,
+                "cancelled_requests": counters.cancelled_requests,
+            },
+            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed},
+        }
+
     @router.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         if req.model not in adapters.names():
@@ -61,7 +94,7 @@ def chat_router(
                 "model",
                 "model_not_found",
             )
-        refuse_unsupported(req)
+        check_fields(req)
         if req.n > max_n:
             raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
         max_tokens = req.max_completion_tokens or req.max_tokens or 256
@@ -98,7 +131,14 @@ def chat_router(
             top_p=req.top_p,
             stop=req.stop or [],
             seed=req.seed,
+            logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
+            frequency_penalty=req.frequency_penalty or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            top_logprobs=req.top_logprobs or 0,
+            constraint=constraint_of(policy, req, tools),
         )
+        if req.stream:
+            return stream_completion(policy, scheduler, adapters, req, messages, tools, prompt_ids, params)
         try:
             with adapters.lease(
                 req.model
@@ -164,23 +204,74 @@ def check_content(messages: list[Message]) -> None:
                 raise APIError(400, f"{where}.text must be a string", f"{where}.text")
 
 
-def refuse_unsupported(req: ChatRequest) -> None:
-    """Parameters the sampler cannot honour are a 400 at any value that would change the output."""
-    if req.stream:
-        raise APIError(400, "stream=true is not supported; request without streaming", "stream")
-    if req.tool_choice not in (None, "auto", "none"):
+def check_fields(req: ChatRequest) -> None:
+    """Every field the request sent is one this server implements (`serve.compat`), used consistently."""
+    sent = {name: getattr(req, name) for name in req.model_fields_set} | dict(req.model_extra or {})
+    try:
+        compat.check_fields(sent)
+    except compat.FieldRefused as exc:
+        raise APIError(400, str(exc), exc.param) from exc
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    if req.stream_options is not None:
+        if not req.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+        unknown = sorted(set(req.stream_options) - {"include_usage"})
+        if unknown:
+            raise APIError(
+                400,
+                f"stream_options.{unknown[0]} is not supported; only include_usage is",
+                f"stream_options.{unknown[0]}",
+            )
+        if not isinstance(req.stream_options.get("include_usage", False), bool):
+            raise APIError(
+                400, "stream_options.include_usage must be true or false", "stream_options.include_usage"
+            )
+    if req.parallel_tool_calls is False and req.tools and req.tool_choice in (None, "auto"):
         raise APIError(
             400,
-            f"tool_choice={req.tool_choice!r} is not supported (a call cannot be forced); use 'auto' or 'none'",
-            "tool_choice",
+            "parallel_tool_calls: false is only enforced with a forced tool_choice ('required' or a named "
+            "function); with 'auto' the model may write several calls",
+            "parallel_tool_calls",
         )
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise APIError(400, "response_format other than {'type': 'text'} is not supported", "response_format")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0):
-            raise APIError(400, f"{name} is not supported; leave it at 0", name)
+
+
+def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
+    """The request's logit_bias as token id -> value, checked (400 naming `logit_bias`)."""
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+            raise APIError(
+                400,
+                f"logit_bias key {key!r} is not a token id of this model (0 .. {vocab_size - 1})",
+                "logit_bias",
+            )
+        if not LOGIT_BIAS_RANGE[0] <= value <= LOGIT_BIAS_RANGE[1]:
+            raise APIError(
+                400, f"logit_bias[{key!r}] = {value} is outside {list(LOGIT_BIAS_RANGE)}", "logit_bias"
+            )
+        bias[int(key)] = float(value)
+    return bias
+
+
+def constraint_of(policy: Policy, req: ChatRequest, tools):
+    """The grammar `response_format` / `tool_choice` impose (None: none); 400 naming the field it cannot enforce."""
+    wants = (req.response_format or {}).get("type", "text") != "text" or req.tool_choice not in (
+        None,
+        "auto",
+        "none",
+    )
+    if not wants:
+        return None
+    try:
+        return policy.prompts.constraint_for(
+            response_format=req.response_format,
+            tools=tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+        )
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), exc.param) from exc
 
 
 def _read_outcome(task: asyncio.Future) -> None:
@@ -239,7 +330,11 @@ def _response(
             message["tool_calls"] = parsed.tool_calls
         policy.prompts.remember(messages, tools, message, prompt_ids, c)
         finish = "tool_calls" if parsed.tool_calls else c.finish_reason
-        block = logprobs_block(policy.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None
+        block = (
+            logprobs_block(policy.tokenizer, c.token_ids, c.logprobs, c.top_logprobs)
+            if req.logprobs
+            else None
+        )
         choices.append(
             choice_body(
                 i,

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from grooves.policy.sampling import SEED_MAX, SEED_MIN, Completion
+from grooves.policy.logits import PENALTY_RANGE
+from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion
 
 StrictFloat = Annotated[float, Field(strict=True)]
 """A JSON number; `true` is refused instead of read as 1."""
@@ -60,7 +61,9 @@ class Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # fields outside this model arrive as extras and are checked against the compatibility table
+    # (`serve.compat.check_fields`): refused unless they ask for nothing, never silently ignored
+    model_config = ConfigDict(extra="allow")
 
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -73,14 +76,15 @@ class ChatRequest(BaseModel):
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=0)
-    stream: StrictBool = False
-    # accepted only at the values that change nothing (see `refuse_unsupported`)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    stream: StrictBool | None = False
+    stream_options: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    logit_bias: dict[str, Any] | None = None
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    presence_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    parallel_tool_calls: StrictBool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -88,14 +92,48 @@ class ChatRequest(BaseModel):
         return [v] if isinstance(v, str) else v
 
 
-def logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-    """OpenAI's `logprobs` of a choice: each sampled token's text, bytes and logprob (no alternatives)."""
-    content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        tok = tokenizer.convert_ids_to_tokens(tid)
+def logprobs_block(
+    tokenizer, token_ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None = None
+) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: each sampled token's text, bytes and logprob, and its
+    `top_logprobs` alternatives (empty unless asked)."""
+
+    def entry(tid: int, lp: float) -> dict[str, Any]:
         text = tokenizer.decode([tid])
-        content.append({"token": tok, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
+        return {"token": tokenizer.convert_ids_to_tokens(tid), "logprob": lp, "bytes": list(text.encode())}
+
+    content = []
+    for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
+        alternatives = [entry(t, v) for t, v in top[i]] if top is not None else []
+        content.append(entry(tid, lp) | {"top_logprobs": alternatives})
     return {"content": content}
+
+
+def token_record(
+    completion: Completion,
+    prompt_ids: list[int],
+    *,
+    adapter_version: int | None,
+    adapter_id: str | None,
+    temperature: float,
+) -> dict[str, Any]:
+    """grooves' fields of a choice: the sample's token record (on a streamed choice's final chunk)."""
+    return {
+        "token_ids": completion.token_ids,
+        "prompt_token_ids": prompt_ids,
+        "sampled_logprobs": completion.logprobs,
+        "adapter_version": adapter_version,
+        "adapter_id": adapter_id,
+        "temperature": temperature,
+    }
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def choice_body(
@@ -116,13 +154,13 @@ def choice_body(
         "message": message,
         "finish_reason": finish_reason,
         "logprobs": logprobs,
-        "token_ids": completion.token_ids,
-        "prompt_token_ids": prompt_ids,
-        "sampled_logprobs": completion.logprobs,
-        "adapter_version": adapter_version,
-        "adapter_id": adapter_id,
-        "temperature": temperature,
-    }
+    } | token_record(
+        completion,
+        prompt_ids,
+        adapter_version=adapter_version,
+        adapter_id=adapter_id,
+        temperature=temperature,
+    )
 
 
 def completion_body(
@@ -135,9 +173,5 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage_body(prompt_tokens, completion_tokens),
     }

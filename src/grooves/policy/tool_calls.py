@@ -1,0 +1,417 @@
+"""Tool calls in sampled text: parsed back into OpenAI `tool_calls` without losing a byte.
+
+A model writes a call as text in its family's syntax. Each `CallSyntax` here knows one syntax
+both ways: `parse` turns text into calls, and `grammar` is the llguidance grammar that forces the
+model to write calls in it (`tool_choice` "required" or a named function, `policy/constraints.py`).
+
+- `smollm2`: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`, a JSON list (one
+  object is accepted too), as SmolLM2 was tuned to write (`policy/tool_format.py`).
+- `hermes`: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block per call (Hermes,
+  Qwen2.5); a block holding a list is read like SmolLM2's.
+- `llama3_json`: Llama 3.1/3.2 JSON tool calling, `{"name": ..., "parameters": {...}}` as the
+  whole answer, bare or after `<|python_tag|>`; several calls are separated by `;`.
+- a tokenizer that declares a `response_template` (transformers' declarative response parsing,
+  `tokenizer.parse_response`) is read with transformers' own parser first (`DeclaredSyntax`).
+
+Every syntax takes the arguments from `arguments` or `parameters` (Llama's name), as an object or
+a JSON string of one. Nothing is dropped silently: a call-like block that does not parse (invalid
+JSON, an undeclared tool name, arguments that are not an object, both keys with different values,
+unknown keys) stays in `content` as the model wrote it and is listed in `ParsedOutput.unparsed`
+with the reason, which the policy counts and logs. A name outside the request's tools is not a
+call: the agent and the reward see the text.
+
+Libraries looked at for this: transformers' response templates are used where a tokenizer
+declares one; vLLM's tool parsers (hermes, llama3_json, ...) do this for vLLM's server but come
+only with vLLM and its CUDA torch; `partial-json-parser` parses incomplete JSON, which streaming
+needs, not this. The three syntaxes above are short regular expressions plus `json.loads`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"
+_LOOKS_LIKE_JSON_CALL = re.compile(r'^\s*(?:<\|python_tag\|>\s*)?\{\s*"name"\s*:')
+_CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
+
+
+@dataclass
+class UnparsedCall:
+    """A call-like block kept as text, and why it was not read as a call."""
+
+    text: str
+    reason: str
+
+
+@dataclass
+class ParsedOutput:
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    unparsed: list[UnparsedCall] = field(default_factory=list)
+    """Call-like blocks that stayed in `content` (counted in `ToolCallCounters`, logged by the policy)."""
+
+
+def declared_names(tools: list[dict[str, Any]] | None) -> set[str]:
+    return {t.get("function", t).get("name") for t in tools or []}
+
+
+def new_call(name: str, arguments: Any) -> dict[str, Any]:
+    """An OpenAI tool call with a fresh id; `arguments` as the JSON string OpenAI sends."""
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def call_from(item: Any, names: set[str]) -> tuple[dict[str, Any] | None, str]:
+    """(an OpenAI tool call, "") from one parsed call object, or (None, why not)."""
+    if not isinstance(item, dict):
+        return None, f"a call must be a JSON object, got {type(item).__name__}"
+    if "function" in item and isinstance(item["function"], dict) and "name" not in item:
+        item = item["function"]  # OpenAI's own shape, {"type": "function", "function": {...}}
+    name = item.get("name")
+    if not isinstance(name, str):
+        return None, "the call has no string 'name'"
+    if name not in names:
+        return (
+            None,
+            f"{name!r} is not one of the request's tools ({', '.join(sorted(map(str, names))) or 'none'})",
+        )
+    unknown = set(item) - _CALL_KEYS
+    if unknown:
+        return (
+            None,
+            f"unknown keys {sorted(unknown)} next to 'name' (arguments go in 'arguments' or 'parameters')",
+        )
+    if "arguments" in item and "parameters" in item and item["arguments"] != item["parameters"]:
+        return None, "both 'arguments' and 'parameters', with different values"
+    args = item.get("arguments", item.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            return None, f"arguments are a string that is not JSON ({exc.msg})"
+    if not isinstance(args, dict):
+        return None, f"arguments must be a JSON object, got {type(args).__name__}"
+    return new_call(name, args), ""
+
+
+def _read_payload(payload: str, names: set[str]) -> tuple[list[dict[str, Any]] | None, str]:
+    """All calls of one block (an object or a list of them), or (None, why not): a block is read whole or not at all."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at character {exc.pos})"
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        return None, "an empty list of calls"
+    calls = []
+    for item in items:
+        call, reason = call_from(item, names)
+        if call is None:
+            return None, reason
+        calls.append(call)
+    return calls, ""
+
+
+def _content(pieces: list[str]) -> str | None:
+    return "".join(pieces).strip() or None
+
+
+class CallSyntax(Protocol):
+    name: str
+
+    def parse(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput: ...
+
+    def grammar(self, call_schema: dict[str, Any], *, multiple: bool, key: str) -> str:
+        """llguidance Lark rules whose top rule `tool_calls` is calls (one, or one or more) whose JSON
+        matches `call_schema`; `key` is the syntax's name for the arguments ("arguments" or "parameters")."""
+        ...
+
+
+def parse_tagged(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
+    """`<tool_call>...</tool_call>` blocks (an object or a list each); the rest, and blocks that do not parse, is content."""
+    if not tools or "<tool_call>" not in text:
+        return ParsedOutput(content=text, tool_calls=[])
+    names = declared_names(tools)
+    calls: list[dict[str, Any]] = []
+    unparsed: list[UnparsedCall] = []
+    kept: list[str] = []
+    last = 0
+    for m in TOOL_CALL_BLOCK.finditer(text):
+        found, reason = _read_payload(m.group(1), names)
+        if found is None:
+            unparsed.append(UnparsedCall(m.group(0), reason))
+            continue
+        kept.append(text[last : m.start()])
+        last = m.end()
+        calls.extend(found)
+    kept.append(text[last:])
+    return ParsedOutput(content=_content(kept), tool_calls=calls, unparsed=unparsed)
+
+
+def _json_block(call_schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps(call_schema)
+
+
+class SmolLM2Syntax:
+    """`<tool_call>[{...}, ...]</tool_call>`: the calls as one JSON list."""
+
+    name = "smollm2"
+    key = "arguments"
+
+    def parse(self, text, tools):
+        return parse_tagged(text, tools)
+
+    def grammar(self, call_schema, *, multiple, key="arguments"):
+        items = {k: v for k, v in call_schema.items() if k != "x-guidance"}
+        array = {"type": "array", "items": items, "minItems": 1} | ({} if multiple else {"maxItems": 1})
+        if "x-guidance" in call_schema:  # llguidance reads its options at the top of a %json schema
+            array["x-guidance"] = call_schema["x-guidance"]
+        return 'tool_calls: "<tool_call>" ' + _json_block(array) + ' "</tool_call>"\n'
+
+
+class HermesSyntax:
+    """`<tool_call>\\n{...}\\n</tool_call>` per call, blocks separated by a newline."""
+
+    name = "hermes"
+    key = "arguments"
+
+    def parse(self, text, tools):
+        return parse_tagged(text, tools)
+
+    def grammar(self, call_schema, *, multiple, key="arguments"):
+        block = 'tool_call_block: "<tool_call>\\n" ' + _json_block(call_schema) + ' "\\n</tool_call>"\n'
+        top = (
+            'tool_calls: tool_call_block ("\\n" tool_call_block)*\n'
+            if multiple
+            else "tool_calls: tool_call_block\n"
+        )
+        return top + block
+
+
+class Llama3JsonSyntax:
+    """Llama 3.1 JSON tool calling: the whole answer is `{"name": ..., "parameters": {...}}` (after an
+    optional `<|python_tag|>`), several calls separated by `;`."""
+
+    name = "llama3_json"
+    key = "parameters"
+
+    def parse(self, text, tools):
+        if not tools or not _LOOKS_LIKE_JSON_CALL.match(text):
+            return ParsedOutput(content=text, tool_calls=[])
+        body = text.strip()
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG) :]
+        names = declared_names(tools)
+        calls, reason = _read_payload(body, names)
+        if calls is None and ";" in body:  # several calls: `{...}; {...}`
+            calls, reason = _read_calls(_split_top_level(body, ";"), names)
+        if calls is None:
+            return ParsedOutput(content=text, tool_calls=[], unparsed=[UnparsedCall(text, reason)])
+        return ParsedOutput(content=None, tool_calls=calls)
+
+    def grammar(self, call_schema, *, multiple, key="parameters"):
+        top = 'tool_calls: tool_call ("; " tool_call)*\n' if multiple else "tool_calls: tool_call\n"
+        return top + "tool_call: " + _json_block(call_schema) + "\n"
+
+
+def _read_calls(parts: list[str], names: set[str]) -> tuple[list[dict[str, Any]] | None, str]:
+    calls: list[dict[str, Any]] = []
+    for part in parts:
+        found, reason = _read_payload(part, names)
+        if found is None:
+            return None, reason
+        calls.extend(found)
+    return calls, ""
+
+
+def _split_top_level(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside JSON strings, objects and lists."""
+    parts, depth, start, in_string, escaped = [], 0, 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+class DeclaredSyntax:
+    """A tokenizer's declared `response_template`, read with transformers' `parse_response`.
+
+    When transformers cannot read the text (it raises on a call that is not JSON), or returns calls
+    that `call_from` refuses, the text goes to `fallback`, which keeps what does not parse as content.
+    Forced calls use the fallback's grammar: a response template describes reading, not writing.
+    """
+
+    name = "declared"
+
+    def __init__(self, tokenizer, fallback: CallSyntax):
+        self.tokenizer, self.fallback = tokenizer, fallback
+        self.key = getattr(fallback, "key", "arguments")
+
+    def parse(self, text, tools):
+        if not tools:
+            return ParsedOutput(content=text, tool_calls=[])
+        try:
+            message = self.tokenizer.parse_response(text, prefix="", tools=tools)
+        except (ValueError, KeyError, TypeError):
+            return self.fallback.parse(text, tools)
+        names = declared_names(tools)
+        calls = []
+        for raw in message.get("tool_calls") or []:
+            call, _ = call_from(raw, names)
+            if call is None:
+                return self.fallback.parse(text, tools)
+            calls.append(call)
+        if not calls:
+            return self.fallback.parse(text, tools)
+        content = message.get("content")
+        return ParsedOutput(
+            content=(content.strip() or None) if isinstance(content, str) else None, tool_calls=calls
+        )
+
+    def grammar(self, call_schema, *, multiple, key="arguments"):
+        return self.fallback.grammar(call_schema, multiple=multiple, key=key)
+
+
+SYNTAXES: dict[str, type] = {
+    "smollm2": SmolLM2Syntax,
+    "hermes": HermesSyntax,
+    "llama3_json": Llama3JsonSyntax,
+}
+
+
+def syntax_for_template(chat_template: str | None) -> CallSyntax:
+    """The call syntax a chat template that renders tools itself teaches its model.
+
+    Llama 3.1/3.2 templates write earlier calls as `{"name": ..., "parameters": ...}` and mention
+    `<|python_tag|>`; Hermes and Qwen templates write `<tool_call>` blocks (the default).
+    """
+    template = chat_template or ""
+    if "<tool_call>" not in template and (PYTHON_TAG in template or '"parameters": ' in template):
+        return Llama3JsonSyntax()
+    return HermesSyntax()
+
+
+@dataclass
+class ToolCallCounters:
+    """Tool calls read from sampled text, and call-like blocks kept as text (a metric for the server)."""
+
+    parsed: int = 0
+    unparsed: int = 0
+
+
+class CallStream:
+    """Reads a completion's text as it grows: content to send now, and calls once they are whole.
+
+    Streaming cannot send a call's pieces before it knows the call parses: a block that turns out
+    not to be a call must reach the client as content, not as half a call. So text that may start
+    a call (a `<tool_call>` tag or a prefix of one; for `llama3_json`, an answer that opens with `{`
+    or `<|python_tag|>`) is held back until its block closes, then goes out either as calls (each
+    with its id, name and whole arguments) or as content. Everything else goes out at once; with a
+    declared response template all text is held to the end. At
+    `finish`, the content sent, joined and stripped, equals `syntax.parse(text).content` and the
+    calls equal its `tool_calls` (ids aside).
+    """
+
+    def __init__(self, syntax: CallSyntax, tools: list[dict[str, Any]] | None):
+        self.syntax, self.tools = syntax, tools
+        self.text = ""
+        self._sent = 0
+        """Characters of `text` already handed out (as content or inside a call)."""
+        self._mode = {"smollm2": "tagged", "hermes": "tagged", "llama3_json": "whole"}.get(
+            syntax.name, "held"
+        )
+        """tagged: `<tool_call>` blocks; whole: a JSON call is the whole answer; held: a declared
+        response template, whose syntax only transformers knows, so the text is read at the end."""
+
+    def feed(self, delta: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content to send now, calls completed by this delta)."""
+        self.text += delta
+        if not self.tools:
+            return self._release(len(self.text)), []
+        if self._mode == "held":
+            return "", []
+        if self._mode == "whole":
+            if self.text.strip() and not _could_be_json_call(self.text):
+                return self._release(len(self.text)), []
+            return "", []  # a JSON call is the whole answer: read at the end
+        return self._tagged(final=False)
+
+    def finish(self) -> tuple[str, list[dict[str, Any]], ParsedOutput]:
+        """(content still held, calls still held, the parse of the whole text)."""
+        parsed = self.syntax.parse(self.text, self.tools)
+        if not self.tools:
+            return self._release(len(self.text)), [], parsed
+        if self._mode != "tagged":
+            if self._sent == 0 and parsed.tool_calls:
+                self._sent = len(self.text)
+                return parsed.content or "", parsed.tool_calls, parsed
+            return self._release(len(self.text)), [], parsed
+        content, calls = self._tagged(final=True)
+        return content, calls, parsed
+
+    def _release(self, upto: int) -> str:
+        out = self.text[self._sent : upto]
+        self._sent = max(self._sent, upto)
+        return out
+
+    def _tagged(self, *, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = "", []
+        while True:
+            start = self.text.find("<tool_call>", self._sent)
+            if start < 0:
+                held = len(self.text) if final else _safe_end(self.text, self._sent, "<tool_call>")
+                return content + self._release(held), calls
+            content += self._release(start)
+            end = self.text.find("</tool_call>", start)
+            if end < 0 and not final:
+                return content, calls
+            stop = len(self.text) if end < 0 else end + len("</tool_call>")
+            block = self.text[start:stop]
+            found = parse_tagged(block, self.tools).tool_calls
+            self._sent = stop
+            if found:
+                calls.extend(found)
+            else:
+                content += block
+
+
+def _safe_end(text: str, start: int, tag: str) -> int:
+    """Where text can go out without cutting a possible `tag` at its end: hold any suffix that is a prefix of it."""
+    for k in range(min(len(tag) - 1, len(text) - start), 0, -1):
+        if tag.startswith(text[len(text) - k :]):
+            return len(text) - k
+    return len(text)
+
+
+def _could_be_json_call(text: str) -> bool:
+    """Whether `text` (a whole answer so far) may still become a Llama JSON call."""
+    body = text.lstrip()
+    if PYTHON_TAG.startswith(body) or body.startswith(PYTHON_TAG):
+        return True
+    return body.startswith("{")

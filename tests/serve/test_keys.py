@@ -9,7 +9,9 @@ import pytest
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from typer.testing import CliRunner
 
+from grooves.cli import app as cli_app
 from grooves.serve.keys import DEFAULT_TENANT, ApiKeys, KeyCheck, caller
 
 
@@ -65,3 +67,17 @@ def test_a_keys_file_is_read_and_checked(tmp_path):
         assert says in str(exc.value)
     with pytest.raises(ValueError, match="no such file"):
         ApiKeys.from_file(tmp_path / "missing.toml")
+
+
+def test_serve_refuses_admin_with_train_and_a_key_with_a_keys_file(tmp_path):
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys]\nalice = "alice-key-123"\n')
+    for options, says in [
+        (["--train", "--admin"], "--admin with --train: the training service has no /v1/adapters routes"),
+        (
+            ["--api-key", "one-key-1234", "--api-keys", str(keys)],
+            "--api-key and --api-keys: pass one of them",
+        ),
+    ]:
+        result = CliRunner().invoke(cli_app, ["serve", "--model", str(tmp_path / "no-model"), *options])
+        assert result.exit_code == 1 and says in result.output, result.output

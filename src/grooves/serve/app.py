@@ -78,6 +78,8 @@ def create_app(
     `app.state` holds the policy, its `BatchScheduler` (close it when the app's owner ends) and the
     adapter table. The adapter admin routes are not in it: `grooves.adapters.admin.mount_admin(app)`.
     """
+    if api_key is not None and keys is not None:
+        raise ValueError("give create_app api_key (one key) or keys (a tenant per key), not both")
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
     adapters = adapters or AdapterTable(policy)
@@ -95,8 +97,6 @@ def create_app(
         ServerErrors,
         body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"),
     )
-    if api_key is not None and keys is not None:
-        raise ValueError("give create_app api_key (one key) or keys (a tenant per key), not both")
 
     def unauthorized(reason: str) -> dict:
         return error_body(

@@ -15,6 +15,12 @@ seconds, completion tokens per step, tokens/s (completion tokens / step seconds)
 The floor row is the step's matmul FLOPs over this machine's measured matmul rate
 (`bench_floor.py`), for grooves' median token counts.
 
+`--dp-ranks N` adds a row for grooves' data-parallel path (`train.distributed`): N rank
+processes on the same device (gloo; NCCL takes one GPU per rank), each sampling its share of the
+step's rollouts and training its share of the sequences, gradients summed with one all_reduce.
+On one device the ranks share it, so the row measures what the path costs there, not a speed-up;
+it also checks that every rank holds the same adapter after every step.
+
 Both processes get the same thread count and OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP
 threads (the default), a 2-core machine shared with other work slows both frameworks 10-30x, at
 random; passive waiting keeps them measurable.
@@ -43,6 +49,7 @@ from step_workload import (  # noqa: E402
     load_scenarios,
     messages,
     minor_faults,
+    peak_gpu_mib,
     peak_rss_mib,
     reward,
     wait_for_go,
@@ -66,11 +73,14 @@ def grooves_worker(args) -> None:
     from grooves.policy.transformers import TransformersPolicy
     from grooves.serve.app import inprocess_client
     from grooves.train.checkpoint import seed_everything
+    from grooves.train.distributed import DataParallel
     from grooves.train.loop import build_policy
     from grooves.train.optim import adamw
     from grooves.train.step import optimize, run_loss, to_sequences
 
     torch.set_num_threads(args.threads)
+    dp = DataParallel.from_env()  # --dp-ranks: this process is one rank of the data-parallel row
+    dp.start(args.device)
     config = RunConfig.model_validate(
         {
             "model": {
@@ -89,7 +99,7 @@ def grooves_worker(args) -> None:
                 "temperature": 1.0,
                 "top_p": 1.0,
             },
-            "optim": {"lr": 5e-5},
+            "optim": {"lr": 5e-5, "micro_batch_tokens": 4096},
         }
     )
     seed_everything(0)
@@ -103,6 +113,7 @@ def grooves_worker(args) -> None:
     client = inprocess_client(policy)
     handle = ModelHandle(client, policy.served_name, 1.0, 1.0, args.max_tokens, seed=0)
     params = [p for p in policy.model.parameters() if p.requires_grad]
+    dp.broadcast_parameters(params)
     optimizer = adamw(
         params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
     )
@@ -123,11 +134,18 @@ def grooves_worker(args) -> None:
             t0 = time.perf_counter()
             scenario = scenarios[step % len(scenarios)]
             groups = await gather(
-                rollout, handle, [scenario], args.group_size, progress=False, seed_key=(step,)
+                rollout,
+                handle,
+                [scenario],
+                args.group_size,
+                progress=False,
+                seed_key=(step,),
+                part=dp.share(args.group_size) if dp.active else None,
             )
+            groups = dp.merge_groups(groups)
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
-            optimize(policy, optimizer, seqs, loss, config.optim)
+            optimize(policy, optimizer, seqs, loss, config.optim, sync=dp if dp.active else None)
             policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]
@@ -142,6 +160,8 @@ def grooves_worker(args) -> None:
                     "lengths": [len(t.token_ids) for t in turns],
                     "minor_faults": minor_faults() - faults,
                     "peak_rss_mib": peak_rss_mib(),
+                    "gpu_peak_mib": peak_gpu_mib(),
+                    "adapter_sha256": _adapter_digest(params),
                 }
             )
             step += 1
@@ -149,6 +169,17 @@ def grooves_worker(args) -> None:
 
     asyncio.run(steps())
     emit({"done": True, "peak_rss_mib": peak_rss_mib()})
+    dp.close()
+
+
+def _adapter_digest(params) -> str:
+    """sha256 of the adapter's bytes: data-parallel ranks must hold the same one after every step."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 # ---- the driver --------------------------------------------------------------------------------
@@ -171,9 +202,16 @@ class Worker:
         self._log.flush()
         raise RuntimeError(f"{self.name} worker exited (code {self.proc.wait()}); see {self.log_path}")
 
-    def step(self) -> dict:
-        self.proc.stdin.write("go\n")
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def step(self) -> dict:
+        self.send("go")
         return self._read()
 
     def finish(self) -> dict:
@@ -187,6 +225,43 @@ class Worker:
         return done
 
 
+class RankGroup:
+    """The ranks of the data-parallel row: each is a grooves worker with its torch.distributed place
+    in the environment; they step together (they meet in collectives), rank 0 reports the times."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path, ranks: int):
+        import socket
+
+        with socket.socket() as sock:  # a free port for the ranks' rendezvous
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        place = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1"}
+        place["MASTER_PORT"] = str(port)
+        self.name = name
+        self.ranks = [
+            Worker(f"{name}-rank{r}", argv, {**env, **place, "RANK": str(r), "LOCAL_RANK": str(r)}, log_dir)
+            for r in range(ranks)
+        ]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.ranks]
+
+    def step(self) -> dict:
+        for w in self.ranks:
+            w.send("go")
+        records = [w._read() for w in self.ranks]
+        out = dict(records[0])
+        out["ranks_equal"] = len({r["adapter_sha256"] for r in records}) == 1
+        out["gpu_peak_mib"] = sum(r.get("gpu_peak_mib", 0.0) for r in records)
+        out["peak_rss_mib"] = sum(r["peak_rss_mib"] for r in records)
+        return out
+
+    def finish(self) -> dict:
+        done = [w.finish() for w in self.ranks]
+        return {"done": True, "peak_rss_mib": sum(d["peak_rss_mib"] for d in done)}
+
+
 def _summary(records: list[dict], done: dict) -> dict:
     med = {
         k: statistics.median(r[k] for r in records)
@@ -195,13 +270,15 @@ def _summary(records: list[dict], done: dict) -> dict:
     med["tokens_per_s"] = statistics.median(r["completion_tokens"] / r["step_s"] for r in records)
     med["minor_faults"] = statistics.median(r["minor_faults"] for r in records)
     med["peak_rss_mib"] = done["peak_rss_mib"]
-    if any("gpu_mib" in r for r in records):
-        med["peak_gpu_mib"] = max(r.get("gpu_mib", 0.0) for r in records)
+    if any("gpu_mib" in r for r in records):  # the allocator's peak, or what nvidia-smi saw (vLLM's engine)
+        med["peak_gpu_mib"] = max(max(r.get("gpu_mib", 0.0), r.get("gpu_peak_mib", 0.0)) for r in records)
+    if any("ranks_equal" in r for r in records):
+        med["ranks_equal"] = all(r["ranks_equal"] for r in records)
     return med
 
 
-def _gpu_mib(root_pid: int) -> float:
-    """GPU memory (nvidia-smi) held by a worker and its children (vLLM runs its engine in a child)."""
+def _gpu_mib(root_pids: list[int]) -> float:
+    """GPU memory (nvidia-smi) held by a worker's processes and their children (vLLM runs its engine in a child)."""
     out = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
         capture_output=True,
@@ -211,7 +288,7 @@ def _gpu_mib(root_pid: int) -> float:
     total = 0.0
     for line in out.strip().splitlines():
         pid, mib = (int(x) for x in line.split(","))
-        if _descends_from(pid, root_pid):
+        if any(_descends_from(pid, root) for root in root_pids):
             total += mib
     return total
 
@@ -308,6 +385,13 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
     console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
+    dp = next((r for name, r in results.items() if name.startswith("grooves data-parallel")), None)
+    if dp is not None:
+        console.print(
+            f"data-parallel on one device: {g['step_s'] / dp['step_s']:.2f}x the steps/s of one process "
+            f"(generation {g['generation_s'] / dp['generation_s']:.2f}x, training {g['training_s'] / dp['training_s']:.2f}x); "
+            f"every rank held the same adapter after every step: {'yes' if dp['ranks_equal'] else 'NO'}"
+        )
     if "trl" in results:
         t = results["trl"]
         console.print(
@@ -358,6 +442,12 @@ def main() -> None:
         action="store_true",
         help="TRL gets the malloc settings grooves makes itself, as environment variables",
     )
+    ap.add_argument(
+        "--dp-ranks",
+        type=int,
+        default=0,
+        help="also run grooves' data-parallel path with this many ranks on the same device (0: not)",
+    )
     ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -404,6 +494,20 @@ def main() -> None:
             work,
         )
     ]
+    if args.dp_ranks > 1:
+        threads = max(1, args.threads // args.dp_ranks) if args.device == "cpu" else args.threads
+        rank_env = {**env, "OMP_NUM_THREADS": str(threads)}
+        rank_args = [*common, *own]
+        rank_args[rank_args.index("--threads") + 1] = str(threads)
+        workers.append(
+            RankGroup(
+                f"grooves data-parallel, {args.dp_ranks} ranks on one device",
+                [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *rank_args],
+                rank_env,
+                work,
+                args.dp_ranks,
+            )
+        )
     if not args.skip_trl:
         if not Path(args.trl_python).exists():
             raise SystemExit(
@@ -421,7 +525,7 @@ def main() -> None:
         for w in order:
             r = w.step()
             if args.device != "cpu":
-                r["gpu_mib"] = _gpu_mib(w.proc.pid)
+                r["gpu_mib"] = _gpu_mib(w.pids)
             if step >= args.warmup:
                 records[w.name].append(r)
             print(

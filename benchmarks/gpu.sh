@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GRPO step benchmark on one GPU (an H200): grooves next to TRL's GRPOTrainer, the same table
-# as bench_grpo_step.py, in under 8 minutes.
+# The GRPO step benchmark on one GPU (an H200), in under 8 minutes: one table with grooves and TRL's
+# GRPOTrainer per step on the same work, grooves' data-parallel path (2 ranks sharing the GPU, gloo),
+# the FLOP floor of that GPU (the step's matmul FLOPs over the matmul rate measured there) and the
+# peak GPU memory of each; bench_grpo_step.py makes it.
 #
 #   bash benchmarks/gpu_bundle.sh            # once, where PyPI is reachable: writes .gpu/
 #   bash benchmarks/gpu.sh                   # on the GPU machine, with .gpu/ beside the checkout
@@ -8,6 +10,8 @@
 # Environment (the first that applies):
 #   .gpu/wheels present: the machine's own python3 (with its CUDA torch) plus those wheels, installed
 #     offline into /tmp/grooves-site. Nothing is downloaded: such machines often reach no index.
+#   READY_PY=/path/to/python: that python as it is (it already holds grooves' dependencies, e.g. the
+#     CPU check here with .venv's python); nothing is installed, src/ goes on the path.
 #   else: a virtualenv benchmarks/.venv-gpu with vLLM, made on first use: vllm 0.33.0 pins its own
 #     CUDA torch 2.14.0 and needs transformers < 5.21 and fastapi < 0.137. Those lie inside grooves'
 #     ranges (`pip install '.[vllm]'` resolves) but not in the CPU lock .venv is made from
@@ -17,9 +21,11 @@
 # Model: MODEL_DIR, else Qwen2.5-1.5B-Instruct from the Hugging Face cache, else the embedded
 #   SmolLM2-135M if it is cached, else random weights in the Qwen2.5-1.5B architecture with
 #   SmolLM2's tokenizer (benchmarks/random_model.py; SHAPE=smollm2-135m for the small one).
-# TRL is skipped, with the reason, when it does not import (SKIP_TRL=1 skips it anyway).
+# TRL is skipped, with the reason, when it does not import (SKIP_TRL=1 skips it anyway); DP_RANKS=0
+# leaves the data-parallel row out. BUDGET_S (default 470) is the limit for the whole script.
 #
 #   DEVICE=cpu DTYPE=float32 SHAPE=smollm2-135m STEPS=1 bash benchmarks/gpu.sh   # the same flow on a CPU
+#   READY_PY=.venv/bin/python DEVICE=cpu DTYPE=float32 STEPS=1 bash benchmarks/gpu.sh   # on CPU, no bundle
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device="${DEVICE:-cuda}"
@@ -33,7 +39,11 @@ if [[ "$device" == cuda* ]] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvid
 fi
 
 # ---- the environment ----------------------------------------------------------------------------
-if [[ -d "$bundle/wheels" ]]; then
+if [[ -n "${READY_PY:-}" ]]; then
+    python="$READY_PY"
+    echo "== $python as it is: nothing installed"
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+elif [[ -d "$bundle/wheels" ]]; then
     python="${PY:-python3}"
     site="${SITE:-/tmp/grooves-site}"
     echo "== installing $(ls "$bundle"/wheels/*.whl | wc -l) wheels from $bundle/wheels into $site (offline)"
@@ -101,8 +111,15 @@ if [[ -z "$model" ]]; then
 fi
 echo "== model: $model ($((SECONDS - start)) s so far)"
 
-budget=$((470 - (SECONDS - start)))  # the whole script stays under 8 minutes
+# the whole script stays under 8 minutes (BUDGET_S: another limit, e.g. on a loaded CPU)
+budget=$((${BUDGET_S:-470} - (SECONDS - start)))
+status=0
 timeout "$budget" "$python" benchmarks/bench_grpo_step.py \
     --model "$model" --device "$device" --dtype "$dtype" --backend "$backend" "${trl_flags[@]}" \
-    --trl-python "$python" --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --json "${JSON:-runs/bench_grpo_step_gpu.json}"
+    --trl-python "$python" --warmup "${WARMUP:-1}" --steps "${STEPS:-3}" --dp-ranks "${DP_RANKS:-2}" \
+    --json "${JSON:-runs/bench_grpo_step_gpu.json}" || status=$?
+if [[ "$status" == 124 ]]; then
+    echo "== stopped at the time limit (${BUDGET_S:-470} s for the whole script) before the table" >&2
+fi
+if [[ "$status" != 0 ]]; then exit "$status"; fi
 echo "== done in $((SECONDS - start)) s"

@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_bundle.sh               # wheels for CPython 3.12, x86-64 Linux
 #   PYVER=3.11 OUT=/tmp/bundle bash benchmarks/gpu_bundle.sh
+#   PYTHON=/path/to/python bash benchmarks/gpu_bundle.sh   # a python with grooves, other than .venv's
 #
 # The image is assumed to hold a CUDA torch and the common scientific stack (numpy, safetensors,
 # tokenizers, huggingface-hub, pandas, pyarrow, matplotlib, httpx, jinja2, psutil, ...). What is
@@ -39,7 +40,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyve
     "${platforms[@]}" -d "$out/wheels" "${grooves_pkgs[@]}" "${trl_pkgs[@]}"
 
 # the tokenizer and architecture of the embedded model: gpu.sh builds random-weight models with it
-model="$(.venv/bin/python -c 'from grooves.models import ensure_model; print(ensure_model())')"
+model="$("${PYTHON:-.venv/bin/python}" -c 'from grooves.models import ensure_model; print(ensure_model())')"
 for f in config.json generation_config.json tokenizer.json tokenizer_config.json chat_template.jinja special_tokens_map.json; do
     if [[ -f "$model/$f" ]]; then cp "$model/$f" "$out/tokenizer/"; fi
 done

@@ -28,7 +28,16 @@ import time
 import torch
 from datasets import Dataset
 from peft import LoraConfig
-from step_workload import emit, load_scenarios, messages, minor_faults, peak_rss_mib, reward, wait_for_go
+from step_workload import (
+    emit,
+    load_scenarios,
+    messages,
+    minor_faults,
+    peak_gpu_mib,
+    peak_rss_mib,
+    reward,
+    wait_for_go,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -76,6 +85,7 @@ class LockstepTimer(TrainerCallback):
                 "completion_tokens": logs["completions/mean_length"] * args.num_generations,
                 "minor_faults": self.step_faults,
                 "peak_rss_mib": peak_rss_mib(),
+                "gpu_peak_mib": peak_gpu_mib(),
             }
         )
 

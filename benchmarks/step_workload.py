@@ -64,3 +64,11 @@ def minor_faults() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def peak_gpu_mib() -> float:
+    """The most GPU memory torch's allocator of this process has held (0 without CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0.0
+    return torch.cuda.max_memory_reserved() / 2**20

@@ -268,7 +268,9 @@ def test_turns_older_than_max_staleness_are_refused(tiny_model_dir, tmp_path):
     async def run():
         async with service(tmp_path / "svc", tiny_model_dir) as (_, transport):
             strict = await create(transport, "strict", toy_config(tiny_model_dir))
-            loose = await create(transport, "loose", toy_config(tiny_model_dir), max_staleness=1)
+            loose = await create(transport, "loose", toy_config(tiny_model_dir, rollout={"max_staleness": 1}))
+            info = await loose._call("GET", "/v1/trainable_models/loose")
+            assert info["config"]["rollout"]["max_staleness"] == 1 and "max_staleness" not in info
             for model in (strict, loose):
                 first = await model.gather(TASK.rollout, _scenarios())
                 await model.train(first)
@@ -282,9 +284,28 @@ def test_turns_older_than_max_staleness_are_refused(tiny_model_dir, tmp_path):
                     assert refused.value.status == 400
                     assert refused.value.param == "groups[0].trajectories[0].turns[0].adapter_version"
                     assert "1 versions behind the live adapter (version 1)" in refused.value.message
+                    assert "at most 0 behind (rollout.max_staleness)" in refused.value.message
                 else:
                     assert (await model.train(stale)).step == 2
                 await model.close()
+
+    asyncio.run(run())
+
+
+def test_max_staleness_outside_the_rollout_table_is_refused_naming_where_it_goes(tiny_model_dir, tmp_path):
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir) as (app, transport):
+            with pytest.raises(TypeError, match=r"max_staleness is the run file's rollout\.max_staleness"):
+                await create(transport, "toy", toy_config(tiny_model_dir), max_staleness=1)
+            async with http(transport) as client:
+                resp = await client.post(
+                    "/v1/trainable_models",
+                    json={"name": "toy", "config": toy_config(tiny_model_dir), "max_staleness": 1},
+                )
+            error = resp.json()["error"]
+            assert resp.status_code == 400 and error["param"] == "max_staleness", error
+            assert "send it as config.rollout.max_staleness" in error["message"], error
+            assert hosted(app, "toy") is None  # nothing was created
 
     asyncio.run(run())
 

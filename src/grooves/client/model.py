@@ -127,24 +127,27 @@ class TrainableModel:
         config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         *,
         api_key: str | None = None,
-        max_staleness: int = 0,
         exist_ok: bool = False,
         **options,
     ) -> TrainableModel:
         """Create `name` on the service with `config`'s model, lora, rollout, algorithm, optim and
         logging sections and seed (a run file's path, its tables as a dict, or a `RunConfig`).
 
-        `max_staleness`: how many versions behind the live adapter a submitted turn may be (0:
-        on-policy, as the trainer). `exist_ok`: a model of that name created with the same settings
+        `config`'s `rollout.max_staleness` is how many versions behind the live adapter a submitted
+        turn may be (0: on-policy), the bound `grooves train` holds its steps to. `exist_ok`: a model of that name created with the same settings
         is connected to instead of refused (a loop that restarts). `options`: `transport`,
         `timeout`, `train_timeout` (seconds a training step may take).
         """
+        if "max_staleness" in options:
+            raise TypeError(
+                "TrainableModel.create: max_staleness is the run file's rollout.max_staleness, "
+                'as for `grooves train`: set it in config (e.g. {"rollout": {"max_staleness": 1}})'
+            )
         config = run_config(config)
         model = cls(base_url, name, config, api_key=api_key, **options)
         body = {
             "name": name,
             "config": service_sections(config, set_only=True),
-            "max_staleness": max_staleness,
         }
         try:
             info = await model._call("POST", "/v1/trainable_models", json=body)
@@ -153,7 +156,7 @@ class TrainableModel:
                 await model.close()
                 raise
             info = await model._call("GET", f"/v1/trainable_models/{name}")
-            if not _agrees(info["config"], body["config"]) or info["max_staleness"] != max_staleness:
+            if not _agrees(info["config"], body["config"]):
                 await model.close()
                 raise ServiceError(
                     409,

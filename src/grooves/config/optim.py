@@ -33,6 +33,18 @@ class AdamWConfig(Section):
 class OptimConfig(AdamWConfig):
     """An RL run's `[optim]`."""
 
+    micro_batch_tokens: int | None = Field(None, ge=16)
+    """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
+    Unset: chosen at the start of the run from the device's free memory and the model's size
+    (`train.memory.auto_micro_batch_tokens`; the choice is printed and logged as
+    `micro_batch_tokens`). Set it where two runs must split their steps alike: the free memory
+    differs between machines and moments, and another split rounds the gradient differently."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input in the forward and recompute the rest in the backward
+    (transformers' gradient checkpointing): activation memory per token falls from every
+    layer's intermediates to one hidden vector per layer, for about a third more compute. The
+    same gradient (tested). For bases whose activations do not fit beside their weights."""
+
     share_prefix: bool = True
     """Run a group's shared prompt once per micro-batch and its completions on top of its KV cache
     (same gradient as separate forwards, a fraction of the tokens). The shared part ends before

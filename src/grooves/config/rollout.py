@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from grooves.config.base import Section
 
@@ -26,6 +26,15 @@ class RolloutConfig(Section):
     """Per-turn completion budget; also L in the constant of `aggregation = "constant"` (Dr. GRPO)."""
     max_failure_fraction: float = Field(0.5, ge=0, le=1)
     """Stop the run if more than this fraction of a step's rollouts raise."""
+    max_staleness: int = Field(0, ge=0)
+    """k: rollouts may run up to k steps ahead of the trainer, step t sampled by adapter version
+    max(0, t - 1 - k) (`train.pipeline`). 0: strictly on-policy, each step waits for its rollouts
+    and they for the step before. k >= 1 overlaps the next steps' rollouts (agent code,
+    environments, judges) with the optimizer step, at the price of turns k updates old; the
+    loss's ratio to the sampling logprobs corrects for that as for any off-policy sample, and
+    `staleness/<j>` logs the share of turns j versions behind. Local rollouts only. A trainable
+    model of `grooves serve --train` holds the turns sent to it to the same bound, live - version
+    <= k, while the sending loop decides when it samples (docs/service.md)."""
     runner: Literal["local", "ray"] = "local"
     """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
     ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one
@@ -37,3 +46,11 @@ class RolloutConfig(Section):
     server_host: str = "127.0.0.1"
     """Where the policy's HTTP server listens for Ray workers: 127.0.0.1 on one machine; 0.0.0.0 on a
     cluster (workers then call this node's IP)."""
+
+    @model_validator(mode="after")
+    def _staleness_runner(self):
+        if self.max_staleness and self.runner != "local":
+            raise ValueError(
+                'rollout.max_staleness > 0 needs rollout.runner = "local" (the Ray runner serves only the live adapter)'
+            )
+        return self

@@ -45,6 +45,11 @@ def micro_batches(seqs: list[TrainSequence], opt: OptimConfig, pad: int) -> list
     With `share_prefix`, each group's sequences go together so their prompt is computed once;
     sequences without a worthwhile common prefix are packed (or padded) as usual.
     """
+    if opt.micro_batch_tokens is None:
+        raise ValueError(
+            "optim.micro_batch_tokens is unset; set it, or resolve it from the free memory first "
+            "(train.memory.auto_micro_batch_tokens, as the trainer does)"
+        )
     out: list[tuple[TrainBatch, int]] = []
     rest: list[TrainSequence] = []
     if opt.share_prefix:

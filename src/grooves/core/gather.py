@@ -36,6 +36,7 @@ async def gather(
     progress: bool = True,
     description: str = "rollouts",
     seed_key: tuple[int, ...] = (),
+    part: range | None = None,
 ) -> list[TrajectoryGroup]:
     """Run `group_size` rollouts of each scenario, at most `concurrency` at a time.
 
@@ -49,12 +50,17 @@ async def gather(
     Rollout k of group g gets `model.for_rollout(*seed_key, g, k)`, so its sampling seeds depend on
     its place in the step, not on scheduling order. Any other object (an OpenAI client a script
     drives directly) is handed to every rollout as it is, without per-rollout seeds.
+
+    `part` runs only the rollouts whose flat index g * group_size + k is in it (a data-parallel
+    rank's share, `train.distributed`): every group is returned, holding just those rollouts, with
+    the seeds they have in the whole step.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     sem = asyncio.Semaphore(concurrency)
     groups = [TrajectoryGroup(scenario=dict(s)) for s in scenarios]
-    total = len(scenarios) * group_size
+    flat = range(len(scenarios) * group_size) if part is None else part
+    total = len(flat)
     bar = _progress_bar(total, description) if progress else None
     done_rewards: list[float] = []
 
@@ -78,7 +84,7 @@ async def gather(
                 bar.update(1)
             return traj
 
-    tasks = [(gi, asyncio.create_task(one(gi, k))) for gi in range(len(groups)) for k in range(group_size)]
+    tasks = [(i // group_size, asyncio.create_task(one(i // group_size, i % group_size))) for i in flat]
     try:
         for gi, task in tasks:
             groups[gi].trajectories.append(await task)
@@ -91,6 +97,14 @@ async def gather(
         await asyncio.gather(*pending, return_exceptions=True)
         if bar is not None:
             bar.close()
+    check_failures(groups, max_failure_fraction)
+    return groups
+
+
+def check_failures(groups: Sequence[TrajectoryGroup], max_failure_fraction: float) -> None:
+    """`TooManyFailures` when more than `max_failure_fraction` of the groups' rollouts failed (a
+    rollout whose judge failed, `metrics["judge_failed"]`, does not count)."""
+    total = sum(len(g) for g in groups)
     broken = [
         t for g in groups for t in g.trajectories if t.error is not None and not t.metrics.get("judge_failed")
     ]
@@ -100,7 +114,6 @@ async def gather(
         raise TooManyFailures(
             f"{failed}/{total} rollouts failed (limit {max_failure_fraction:.0%}); first error: {first}"
         )
-    return groups
 
 
 def _progress_bar(total: int, description: str):

@@ -54,7 +54,8 @@ class Route:
     adapter_id: str | None
     """peft adapter id, or None for the policy's own weights."""
     version: int | None
-    """Bumped on each replacement of this name; None: the policy's live training version."""
+    """Bumped on each replacement of this name; None: the policy's live training version. For a
+    snapshot of the training adapter (`AdapterTable.pin`): the training version it holds."""
     path: str | None
     """Where the adapter was loaded from (None for the policy's own weights)."""
 
@@ -123,6 +124,15 @@ class AdapterTable:
     # ---- changing routes -------------------------------------------------------------------
     def add(self, name: str, path: str | Path) -> Route:
         """Serve a new name with the adapter at `path`."""
+        return self._add(name, path, 1)
+
+    def pin(self, name: str, path: str | Path, version: int) -> Route:
+        """Serve `name` with a saved snapshot of the policy's training adapter as it was at training
+        `version`; responses report that version. The trainer samples steps ahead of its weights
+        with it (`rollout.max_staleness`) and removes the name once the step has its rollouts."""
+        return self._add(name, path, version)
+
+    def _add(self, name: str, path: str | Path, version: int) -> Route:
         with self._lock:
             if name in self._routes or name in self._loading:
                 raise AdapterConflict(f"model {name!r} is already served; promote it to change its adapter")
@@ -130,7 +140,7 @@ class AdapterTable:
         try:
             adapter_id = self._load(path)
             with self._lock:
-                route = self._routes[name] = Route(name, adapter_id, 1, str(path))
+                route = self._routes[name] = Route(name, adapter_id, version, str(path))
         finally:
             with self._lock:
                 self._loading.discard(name)

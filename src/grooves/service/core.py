@@ -104,9 +104,7 @@ class Service:
             raise APIError(404, f"no trainable model {name!r}; yours: {names}", "model", "model_not_found")
         return model
 
-    async def create(
-        self, tenant: str, name: str, sections: dict[str, Any], max_staleness: int
-    ) -> HostedModel:
+    async def create(self, tenant: str, name: str, sections: dict[str, Any]) -> HostedModel:
         if not MODEL_NAME.match(name):
             raise APIError(400, f"name {name!r} must match {MODEL_NAME.pattern}", "name")
         async with self._creating:
@@ -138,9 +136,7 @@ class Service:
             if run_dir.exists():  # left by a creation that failed: it holds no model
                 shutil.rmtree(run_dir)
             try:
-                model = await asyncio.to_thread(
-                    HostedModel.create, tenant, name, config, self.base, run_dir, max_staleness=max_staleness
-                )
+                model = await asyncio.to_thread(HostedModel.create, tenant, name, config, self.base, run_dir)
             except BaseException:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 raise
@@ -314,7 +310,6 @@ def model_json(model: HostedModel) -> dict[str, Any]:
         "base_model": model.config.model.base_model,
         "step": model.step,
         "adapter_version": model.step,
-        "max_staleness": model.max_staleness,
         "config": service_sections(model.config),
         "checkpoints": model.checkpoints(),
     }

@@ -43,6 +43,7 @@ from grooves.train.checkpoint import (
     save_checkpoint,
     seed_everything,
 )
+from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
 from grooves.train.step import reward_stats, run_loss, train_step
@@ -65,14 +66,12 @@ class HostedModel:
         optimizer: torch.optim.Optimizer,
         run_dir: Path,
         *,
-        max_staleness: int,
         rng_state: torch.Tensor,
     ):
         self.tenant, self.name, self.config = tenant, name, config
         self.policy, self.optimizer, self.loss = policy, optimizer, run_loss(config)
         self.run_dir = run_dir
         self.log = RunLog(run_dir)
-        self.max_staleness = max_staleness
         self.rng_state = rng_state
         self.lock = asyncio.Lock()
         self.results: dict[int, dict[str, Any]] = {}
@@ -91,9 +90,7 @@ class HostedModel:
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def build(
-        cls, tenant: str, name: str, config: RunConfig, base, run_dir: Path, *, max_staleness: int
-    ) -> HostedModel:
+    def build(cls, tenant: str, name: str, config: RunConfig, base, run_dir: Path) -> HostedModel:
         """The model as the trainer would start it from `config.seed`, before any checkpoint."""
         with base.lock, _isolated_rngs(config.model.device):
             seed_everything(config.seed)
@@ -102,18 +99,21 @@ class HostedModel:
             o = config.optim
             optimizer = adamw(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
             rng_state = torch.get_rng_state()
-        return cls(
-            tenant, name, config, policy, optimizer, run_dir, max_staleness=max_staleness, rng_state=rng_state
-        )
+        if (
+            o.micro_batch_tokens is None
+        ):  # as the trainer: once, from the free memory once the model has loaded
+            tokens = auto_micro_batch_tokens(
+                policy.model, str(policy.model.device), checkpointing=o.gradient_checkpointing
+            )
+            config = config.model_copy(update={"optim": o.model_copy(update={"micro_batch_tokens": tokens})})
+        return cls(tenant, name, config, policy, optimizer, run_dir, rng_state=rng_state)
 
     @classmethod
-    def create(
-        cls, tenant: str, name: str, config: RunConfig, base, run_dir: Path, *, max_staleness: int
-    ) -> HostedModel:
+    def create(cls, tenant: str, name: str, config: RunConfig, base, run_dir: Path) -> HostedModel:
         """A new model: built, its settings and step-0 checkpoint written to `run_dir` (which must not exist)."""
-        model = cls.build(tenant, name, config, base, run_dir, max_staleness=max_staleness)
-        (run_dir / "config.toml").write_text(dump_config(config))
-        meta = {"tenant": tenant, "name": name, "max_staleness": max_staleness, "created": time.time()}
+        model = cls.build(tenant, name, config, base, run_dir)
+        (run_dir / "config.toml").write_text(dump_config(model.config))  # micro_batch_tokens resolved: kept
+        meta = {"tenant": tenant, "name": name, "created": time.time()}
         (run_dir / SERVICE_FILE).write_text(json.dumps(meta, indent=1))
         model._checkpoint()
         return model
@@ -123,9 +123,7 @@ class HostedModel:
         """A model the service held before it stopped, at its last intact checkpoint."""
         meta = json.loads((run_dir / SERVICE_FILE).read_text())
         config = load_config(run_dir / "config.toml", {"output_dir": str(run_dir)})
-        model = cls.build(
-            meta["tenant"], meta["name"], config, base, run_dir, max_staleness=meta["max_staleness"]
-        )
+        model = cls.build(meta["tenant"], meta["name"], config, base, run_dir)
         checkpoint = latest_checkpoint(run_dir, warn=warn)
         if checkpoint is not None:
             model._load(checkpoint)
@@ -133,21 +131,26 @@ class HostedModel:
             model._checkpoint()
         return model
 
+    @property
+    def max_staleness(self) -> int:
+        """How many versions behind the live adapter a submitted turn may be: the model's
+        `rollout.max_staleness`, the bound `grooves train` holds its steps to."""
+        return self.config.rollout.max_staleness
+
     # ---- training ----------------------------------------------------------------------------
     def train(self, groups: list[TrajectoryGroup], digest: str) -> tuple[dict[str, Any], int]:
         """One step on checked groups (blocking): the trainer's `train_step`, then the run folder.
         Returns the step's metrics row and its trained tokens."""
         t0 = time.perf_counter()
         with self.policy.lock, self._rngs():
-            stats, seqs = train_step(
-                self.policy, self.optimizer, groups, self.config, self.loss, max_staleness=self.max_staleness
-            )
+            stats, seqs = train_step(self.policy, self.optimizer, groups, self.config, self.loss)
         step = self.step
         row = {
             "step": step,
             **reward_stats(groups),
             **stats,
             "lr": self.config.optim.lr,
+            "micro_batch_tokens": self.config.optim.micro_batch_tokens,
             "adapter_version": step,
             "seconds_train": time.perf_counter() - t0,
             "request_sha256": digest,

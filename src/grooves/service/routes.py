@@ -1,6 +1,6 @@
 """The training routes of `grooves serve --train`, OpenAI-style JSON, each on the caller's own models.
 
-    POST   /v1/trainable_models                              {"name", "config", "max_staleness"}: create (201)
+    POST   /v1/trainable_models                              {"name", "config"}: create (201)
     GET    /v1/trainable_models                              the caller's models
     GET    /v1/trainable_models/{name}                       one: step, adapter version, settings, checkpoints
     POST   /v1/trainable_models/{name}/steps                 {"step", "groups"}: one training step (idempotent by step id)
@@ -27,6 +27,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from grooves.client.wire import TrainRequest
+from grooves.serve.errors import APIError
 from grooves.serve.keys import caller
 from grooves.service.core import Service, model_json
 
@@ -36,9 +37,10 @@ class CreateRequest(BaseModel):
 
     name: str
     config: dict[str, Any] = Field(default_factory=dict)
-    """The run file's model, lora, rollout, algorithm, optim and logging tables, and its seed."""
-    max_staleness: StrictInt = Field(0, ge=0)
-    """How many versions behind the live adapter a submitted turn may be; 0: on-policy, as the trainer."""
+    """The run file's model, lora, rollout, algorithm, optim and logging tables, and its seed;
+    `rollout.max_staleness` is how many versions behind the live adapter a submitted turn may be."""
+    max_staleness: Any = None
+    """The earlier place of `config.rollout.max_staleness`: refused, naming where it went."""
 
 
 class PromoteRequest(BaseModel):
@@ -53,7 +55,14 @@ def service_router(service: Service) -> APIRouter:
 
     @router.post("/trainable_models", status_code=201)
     async def create(body: CreateRequest):
-        model = await service.create(caller(), body.name, body.config, body.max_staleness)
+        if body.max_staleness is not None:
+            raise APIError(
+                400,
+                "max_staleness is a field of the run file's [rollout] table, as for `grooves train`: "
+                "send it as config.rollout.max_staleness",
+                "max_staleness",
+            )
+        model = await service.create(caller(), body.name, body.config)
         return model_json(model)
 
     @router.get("/trainable_models")

@@ -10,7 +10,8 @@ What needs the model is checked here, before anything touches the weights:
   come from these, one to one;
 - a turn's prompt plus completion fits the model's context;
 - each turn's adapter version is not newer than the live adapter (a version from the future was
-  not sampled by this model) and at most `max_staleness` versions older;
+  not sampled by this model) and at most `rollout.max_staleness` versions older (the model's
+  config: the bound the trainer's step holds turns to);
 - a trajectory that did not fail has at least one sampled turn.
 """
 
@@ -72,7 +73,7 @@ def check_groups(
                     raise _bad(
                         f"{at}.adapter_version",
                         f"{version} is {live - version} versions behind the live adapter (version {live}); "
-                        f"this model takes turns at most {max_staleness} behind (max_staleness): "
+                        f"this model takes turns at most {max_staleness} behind (rollout.max_staleness): "
                         "sample the group again",
                     )
 

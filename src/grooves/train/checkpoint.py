@@ -54,13 +54,26 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, keep: int
+    run_dir: Path,
+    state: TrainState,
+    model,
+    optimizer,
+    policy_generator,
+    config_toml: str,
+    keep: int,
+    extra: dict[str, Path] | None = None,
 ) -> Path:
+    """Write checkpoint `state.step` (see the module docstring). `extra` copies more folders into
+    it, {path in the checkpoint: folder}, checksummed like the rest (the saved adapter versions of
+    `train.pipeline`)."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "adapter")
+    # the training adapter only: adapters served beside it (pinned versions, extra names) are not the run's
+    model.save_pretrained(tmp / "adapter", selected_adapters=["default"])
+    for name, folder in (extra or {}).items():
+        shutil.copytree(folder, tmp / name)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_states(policy_generator), tmp / "rng.pt")
     (tmp / "state.json").write_text(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from grooves.config import RunConfig, check_against_model, dump_config
-from grooves.core.gather import RolloutFn, gather
+from grooves.core.gather import RolloutFn, check_failures, gather
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.jsonl import read_jsonl
@@ -57,7 +58,10 @@ from grooves.train.checkpoint import (
     seed_everything,
 )
 from grooves.train.data import train_stream
+from grooves.train.distributed import DataParallel
+from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
+from grooves.train.pipeline import RolloutPipeline, VersionPins
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
 from grooves.train.step import reward_stats, run_loss, train_step
 from grooves.watch import Watch
@@ -101,16 +105,24 @@ async def run(
     directory of its own it writes into the run's.
     """
     async with contextlib.AsyncExitStack() as closing:
+        # this process's place in a data-parallel run (a world of one unless started by torchrun)
+        dp = DataParallel.from_env()
+        dp.start(config.model.device)
+        closing.callback(dp.close)
         # the folder, the checkpoint to continue and the task: everything that can refuse the start
         run_dir = Path(config.output_dir)
-        closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
-        checkpoint = _checkpoint_to_resume(run_dir, resume, overwrite)  # verified before the model loads
+        if dp.main:  # rank 0 holds the folder; every rank continues the checkpoint it picks
+            closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
+        checkpoint = dp.on_main(
+            lambda: _checkpoint_to_resume(run_dir, resume, overwrite)
+        )  # verified before the model loads
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
 
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
-        policy = build_policy(config)
+        policy = build_policy(_on_device(config, dp.device(config.model.device)))
+        config = _resolve_micro_batch(config, policy, dp.device(config.model.device))
         app = create_app(policy)
         closing.callback(
             app.state.scheduler.close
@@ -122,6 +134,7 @@ async def run(
             client, policy.served_name, r.temperature, r.top_p, r.max_tokens, seed=config.seed
         )
         params = [p for p in policy.model.parameters() if p.requires_grad]
+        dp.broadcast_parameters(params)  # every rank starts from rank 0's adapter
         optimizer = adamw(
             params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
         )
@@ -133,6 +146,7 @@ async def run(
             config.rollout, task.rollout, policy
         )  # in this process, or Ray actors over HTTP
         closing.callback(rollouts.close)
+        pins = VersionPins(policy, [app.state.adapters], r.max_staleness) if r.max_staleness else None
 
         # continue the checkpoint, or start afresh; the folder changes only now
         state = TrainState(step=0, data_position=0)
@@ -140,43 +154,73 @@ async def run(
             state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
             stream.position = state.data_position
             policy.adapters.version = state.step
-        else:
+            if pins is not None:
+                pins.restore(checkpoint)
+        elif dp.main:
             clear_run_outputs(run_dir)  # a fresh run: nothing of an earlier one stays to mix with it
-        log = RunLog(run_dir)
-        log.truncate_after(state.step if checkpoint is not None else -1)  # on resume: no step appears twice
+        log = RunLog(run_dir) if dp.main else None
         config_toml = dump_config(config)
-        (run_dir / "config.toml").write_text(config_toml)
+        if log is not None:
+            log.truncate_after(
+                state.step if checkpoint is not None else -1
+            )  # on resume: no step appears twice
+            (run_dir / "config.toml").write_text(config_toml)
         if state.step == 0:
-            val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score)
-            log.log({"step": 0, **val_metrics})
-            log.samples(0, val_groups, name="validation")
-        watch = _start_watch(config, log, watch, resumed_at=state.step if checkpoint is not None else None)
+            val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score, dp=dp)
+            if log is not None:
+                log.log({"step": 0, **val_metrics})
+                log.samples(0, val_groups, name="validation")
+        watch = (
+            _start_watch(config, log, watch, resumed_at=state.step if checkpoint is not None else None)
+            if log is not None
+            else None
+        )
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
-        bar = closing.enter_context(_step_bar(config, state.step))
+        bar = closing.enter_context(_step_bar(config, state.step, enabled=dp.main))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
+
+        async def step_rollouts(step: int, scenarios: list[dict], model: str | None) -> list[TrajectoryGroup]:
+            # groups of `group_size` on the step's scenarios (this rank's share), rewards set by the task
+            return await gather(
+                rollouts.rollout,
+                handle if model is None else dataclasses.replace(handle, name=model),
+                scenarios,
+                r.group_size,
+                concurrency=r.concurrency,
+                max_failure_fraction=r.max_failure_fraction if not dp.active else 1.0,
+                progress=config.logging.progress and dp.main,
+                description=f"step {step} rollouts",
+                seed_key=(step,),
+                part=dp.share(len(scenarios) * r.group_size) if dp.active else None,
+            )
+
+        ahead = RolloutPipeline(
+            next_step=state.step + 1,
+            last_step=config.steps,  # with stop_after, steps past it may be in flight: discarded as after a kill
+            max_staleness=r.max_staleness,
+            per_step=r.groups_per_step,
+            stream=stream,
+            launch=step_rollouts,
+            pins=pins,
+            live_version=lambda: policy.adapters.version,
+        )
+        closing.push_async_callback(ahead.close)  # rollouts still in flight are discarded
         while state.step < last:
             step = state.step + 1
             t0 = time.perf_counter()
-            # rollouts: groups of `group_size` on the next scenarios, rewards set by the task
-            picked = stream.take(config.rollout.groups_per_step)
-            groups = await gather(
-                rollouts.rollout,
-                handle,
-                [s for _, s in picked],
-                config.rollout.group_size,
-                concurrency=config.rollout.concurrency,
-                max_failure_fraction=config.rollout.max_failure_fraction,
-                progress=config.logging.progress,
-                description=f"step {step} rollouts",
-                seed_key=(step,),
-            )
+            # rollouts: started up to max_staleness steps ago, or now; every rank's share merged
+            groups = dp.merge_groups(await ahead.take(step))
+            if dp.active:
+                check_failures(groups, r.max_failure_fraction)
             t_rollout = time.perf_counter()
-            # rewards of whole groups: judges, reward models, gates
-            score_metrics = _as_metrics(await score(groups)) if score is not None else {}
+            # rewards of whole groups: judges, reward models, gates (once, on rank 0)
+            groups, score_metrics = await _score(score, groups, dp)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
-            step_stats, _ = train_step(policy, optimizer, groups, config, loss)
+            step_stats, _ = await _train_step(
+                policy, optimizer, groups, config, loss, dp, beside=r.max_staleness > 0
+            )
             t_train = time.perf_counter()
 
             metrics: dict[str, Any] = {
@@ -188,55 +232,102 @@ async def run(
             }
             metrics.update(
                 lr=config.optim.lr,
+                micro_batch_tokens=config.optim.micro_batch_tokens,
                 adapter_version=policy.adapters.version,
                 seconds_rollout=t_rollout - t0,
                 seconds_score=t_score - t_rollout,
                 seconds_train=t_train - t_score,
             )
             if config.validation.every and step % config.validation.every == 0 or step == config.steps:
-                val_metrics, val_groups = await validate(task, handle, config, step, rollouts.rollout, score)
+                val_metrics, val_groups = await validate(
+                    task, handle, config, step, rollouts.rollout, score, dp=dp
+                )
                 metrics.update(val_metrics)
-                log.samples(step, val_groups, name="validation")
+                if log is not None:
+                    log.samples(step, val_groups, name="validation")
             for observe in observers:  # after validation: the watch compares val/ metrics with the reward
                 metrics.update(observe(step, metrics, groups) or {})
             metrics["seconds_step"] = time.perf_counter() - t0
 
-            # the run folder: metrics, samples, checkpoint, reward curve
-            state = TrainState(step=step, data_position=stream.position)
-            log.log(metrics)
-            if step % config.logging.samples_every == 0:
-                log.samples(step, groups)
-            if step % config.logging.checkpoint_every == 0 or step == config.steps:
-                save_checkpoint(
-                    run_dir,
-                    state,
-                    policy.model,
-                    optimizer,
-                    policy.generator,
-                    config_toml,
-                    config.logging.keep_checkpoints,
+            # the run folder (rank 0): metrics, samples, checkpoint, reward curve
+            state = TrainState(step=step, data_position=ahead.position(step))
+            pause = watch is not None and watch.should_pause
+            if log is not None:
+                extra = pins.checkpoint_versions(step, config.steps) if pins is not None else None
+                log.log(metrics)
+                if step % config.logging.samples_every == 0:
+                    log.samples(step, groups)
+                if step % config.logging.checkpoint_every == 0 or step == config.steps or pause:
+                    with policy.lock:  # no adapter is loaded or unloaded beside it while it is saved
+                        save_checkpoint(
+                            run_dir,
+                            state,
+                            policy.model,
+                            optimizer,
+                            policy.generator,
+                            config_toml,
+                            config.logging.keep_checkpoints,
+                            extra,
+                        )
+                log.plot()
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}"
                 )
-            log.plot()
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}")
-            if watch is not None and watch.should_pause:
-                save_checkpoint(
-                    run_dir,
-                    state,
-                    policy.model,
-                    optimizer,
-                    policy.generator,
-                    config_toml,
-                    config.logging.keep_checkpoints,
-                )
-                print(
-                    f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume",
-                    flush=True,
-                )
+            if dp.broadcast(pause):
+                if dp.main:
+                    print(
+                        f"paused by the reward-hacking watch at step {step}; read {run_dir}/findings.jsonl, then --resume",
+                        flush=True,
+                    )
                 break
         bar.close()
-        write_report(run_dir)
+        if dp.main:
+            write_report(run_dir)
         return run_dir
+
+
+def _on_device(config: RunConfig, device: str) -> RunConfig:
+    """`config` with `model.device` set to this rank's device (the run file's `cuda` is rank r's GPU)."""
+    if device == config.model.device:
+        return config
+    return config.model_copy(update={"model": config.model.model_copy(update={"device": device})})
+
+
+def _resolve_micro_batch(config: RunConfig, policy: Policy, device: str) -> RunConfig:
+    """`optim.micro_batch_tokens` from the free memory once the model has loaded, when unset (said on one line)."""
+    if config.optim.micro_batch_tokens is not None:
+        return config
+    tokens = auto_micro_batch_tokens(policy.model, device, checkpointing=config.optim.gradient_checkpointing)
+    if config.logging.progress:
+        _say(f"optim.micro_batch_tokens = {tokens}, from the free memory of {device} (set it to fix it)")
+    optim = config.optim.model_copy(update={"micro_batch_tokens": tokens})
+    return config.model_copy(update={"optim": optim})
+
+
+async def _score(
+    score: GroupScorer | None, groups: list[TrajectoryGroup], dp: DataParallel
+) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The step's groups with the scorer's rewards, and its metrics; in a data-parallel run rank 0
+    scores (each judge is asked once) and sends both to the other ranks."""
+    if score is None:
+        return groups, {}
+    if not dp.active:
+        return groups, _as_metrics(await score(groups))
+    scored = (groups, _as_metrics(await score(groups))) if dp.main else None
+    return dp.broadcast(scored)
+
+
+async def _train_step(
+    policy, optimizer, groups, config: RunConfig, loss, dp: DataParallel, *, beside: bool
+) -> tuple[dict[str, float], list]:
+    """`step.train_step` (the service's step too), this rank's share of it in a data-parallel run;
+    `beside` (rollouts ahead of the trainer) runs it on a worker thread, so the event loop keeps the
+    next steps' rollouts going while it trains."""
+    sync = dp if dp.active else None
+    if not beside:
+        return train_step(policy, optimizer, groups, config, loss, sync=sync)
+    return await asyncio.to_thread(train_step, policy, optimizer, groups, config, loss, sync=sync)
 
 
 def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
@@ -256,13 +347,17 @@ async def validate(
     step: int,
     rollout: RolloutFn | None = None,
     score: GroupScorer | None = None,
+    *,
+    dp: DataParallel | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """`rollout` runs each validation rollout (default: the task's own, in this process).
 
     `score` is the training run's group scorer: validation rewards come from the same judges and
     gates as training rewards, so val/reward_mean means what reward_mean means (its metrics, such
-    as judge coverage, are logged under val/ too).
+    as judge coverage, are logged under val/ too). In a data-parallel run (`dp`) each rank runs
+    its share of the rollouts and every rank gets all of them.
     """
+    dp = dp or DataParallel.single()
     scenarios = task.scenarios("validation")[: config.validation.scenarios]
     val_handle = ModelHandle(
         handle.client,
@@ -279,11 +374,13 @@ async def validate(
         config.validation.samples,
         concurrency=config.rollout.concurrency,
         max_failure_fraction=1.0,
-        progress=config.logging.progress,
+        progress=config.logging.progress and dp.main,
         description=f"validation @ {step}",
         seed_key=(step,),
+        part=dp.share(len(scenarios) * config.validation.samples) if dp.active else None,
     )
-    scored = {f"val/{k}": v for k, v in _as_metrics(await score(groups)).items()} if score is not None else {}
+    groups, scored = await _score(score, dp.merge_groups(groups), dp)
+    scored = {f"val/{k}": v for k, v in scored.items()}
     return {**reward_stats(groups, prefix="val/"), **task_metrics(groups, prefix="val/"), **scored}, groups
 
 
@@ -337,14 +434,14 @@ def _as_metrics(result: Any) -> dict[str, float]:
     return dict(result.metrics()) if hasattr(result, "metrics") else dict(result)
 
 
-def _step_bar(config: RunConfig, start: int):
+def _step_bar(config: RunConfig, start: int, enabled: bool = True):
     from tqdm.auto import tqdm
 
     return tqdm(
         total=config.steps,
         initial=start,
         desc=config.name,
-        disable=not config.logging.progress,
+        disable=not (config.logging.progress and enabled),
         dynamic_ncols=True,
     )
 

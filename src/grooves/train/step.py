@@ -2,10 +2,12 @@
 
 `train_step` is the step itself, the one function both the trainer's loop (`train.loop`) and the
 training service (`grooves.service`) call, so a step trained through the service is the loop's
-step by construction: it checks which adapter versions sampled the groups, turns them into
-training sequences (`to_sequences`: advantages per group, token in, token out), and `optimize`
-accumulates the run's loss (`run_loss`: built once from `[algorithm]`) over memory-sized
-micro-batches and applies one update; the policy's adapter is then the next version. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
+step by construction: it checks which adapter versions sampled the groups (`staleness_stats`,
+`rollout.max_staleness`), turns them into training sequences (`to_sequences`: advantages per
+group, token in, token out), and `optimize` accumulates the run's loss (`run_loss`: built once
+from `[algorithm]`) over memory-sized micro-batches and applies one update; the policy's adapter
+is then the next version. With `sync` (a data-parallel rank, `train.distributed`) `optimize` runs
+its share of the sequences and the ranks sum their gradients first. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
 policy's weights for: the policy's lock and training phase, gradients zeroed first (the update
 is this step's gradient alone, whatever an earlier caller left in `.grad`) and again after.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +31,8 @@ from grooves.core.loss import Loss, StepCounts, build_loss
 from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
+from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.pipeline import staleness_stats
 
 
 def train_step(
@@ -37,39 +42,25 @@ def train_step(
     config: RunConfig,
     loss_fn: Loss,
     *,
-    max_staleness: int = 0,
+    sync: StepSync | None = None,
 ) -> tuple[dict[str, float], list[TrainSequence]]:
     """One training step on scored groups: (its statistics, the sequences it trained on).
 
-    The groups' turns must come from the live adapter or at most `max_staleness` versions before
-    it (`check_versions`; the trainer's loop is on-policy: 0). Then advantages and sequences, one
-    optimizer step (none when every group was dropped), and the adapter is the next version. The
-    update and the version bump happen under the policy's lock, so no sampling batch sees the new
-    weights under the old version.
+    The groups' turns must come from the live adapter or at most `rollout.max_staleness` versions
+    before it (`staleness_stats`, whose numbers are part of the statistics; 0: on-policy). Then
+    advantages and sequences, one optimizer step (none when every group was dropped; with `sync`,
+    this rank's share of it, see `optimize`), and the adapter is the next version. The update and
+    the version bump happen under the policy's lock, so no sampling batch sees the new weights
+    under the old version.
     """
-    check_versions(groups, policy.adapters.version, max_staleness)
+    staleness = staleness_stats(groups, policy.adapters.version, config.rollout.max_staleness)
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
-        train_stats = optimize(policy, optimizer, seqs, loss_fn, config.optim) if seqs else {"loss": 0.0}
-        policy.adapters.bump()
-    return {**seq_stats, **train_stats}, seqs
-
-
-def check_versions(groups: list[TrajectoryGroup], live: int, max_staleness: int = 0) -> None:
-    """Every turn sampled for this step must come from the live adapter or one at most
-    `max_staleness` versions older (turns without a version, not sampled by the policy, pass)."""
-    stale = {
-        t.adapter_version
-        for g in groups
-        for tr in g.ok
-        for t in tr.turns
-        if t.adapter_version is not None and not live - max_staleness <= t.adapter_version <= live
-    }
-    if stale:
-        allowed = f" (at most {max_staleness} behind it allowed)" if max_staleness else ""
-        raise RuntimeError(
-            f"rollouts were sampled by adapter versions {sorted(stale)}, but the live adapter is {live}{allowed}"
+        train_stats = (
+            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync) if seqs else {"loss": 0.0}
         )
+        policy.adapters.bump()
+    return {**seq_stats, **train_stats, **staleness}, seqs
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
@@ -153,8 +144,39 @@ def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[
             model.eval()
 
 
-def _logprobs(model, batch: TrainBatch, prefix_len: int):
-    """Each token's logprob at the temperature it was sampled at (`batch.temperatures`), not the run's."""
+@contextlib.contextmanager
+def checkpointed_layers(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """transformers' gradient checkpointing of every decoder layer for the span, when `on`
+    (`optim.gradient_checkpointing`): each layer keeps its input and recomputes the rest in the
+    backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174).
+    Non-reentrant (torch's recommended form: no input needs `requires_grad`). It acts only in
+    training mode, so sampling between steps is untouched."""
+    if not on:
+        yield
+        return
+    # activation_checkpointing_* is the newer name; older transformers have only gradient_checkpointing_*
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
+    try:
+        yield
+    finally:
+        disable()
+
+
+def _logprobs(model, batch: TrainBatch, prefix_len: int, checkpointing: bool = False):
+    """Each token's logprob at the temperature it was sampled at (`batch.temperatures`), not the run's.
+
+    A checkpointed layer drops a KV cache (transformers recomputes it without one), so under
+    gradient checkpointing the shared prompt runs only in the packed form, which needs none; with
+    an attention that takes no packed mask, each row then runs its prompt itself."""
+    if prefix_len and checkpointing:
+        if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return token_logprobs(model, batch)
+        return shared_prefix_logprobs(model, batch, prefix_len, pack_suffixes=True)
     if prefix_len:
         return shared_prefix_logprobs(model, batch, prefix_len)
     return token_logprobs(model, batch)
@@ -171,8 +193,30 @@ _MAX_STATS = ("mismatch_abs_max",)
 weighted by each micro-batch's share of the step's sampled tokens."""
 
 
+class StepSync(Protocol):
+    """How data-parallel ranks split one step (`train.distributed.DataParallel` is one)."""
+
+    def shard(self, seqs: Sequence[TrainSequence]) -> list[TrainSequence]:
+        """This rank's share of the step's sequences."""
+        ...
+
+    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Each gradient summed over the ranks, in place."""
+        ...
+
+    def gather(self, obj: dict[str, float]) -> list[dict[str, float]]:
+        """Every rank's `obj`, in rank order."""
+        ...
+
+
 def optimize(
-    policy: Policy, optimizer, seqs: list[TrainSequence], loss_fn: Loss, opt: OptimConfig
+    policy: Policy,
+    optimizer,
+    seqs: list[TrainSequence],
+    loss_fn: Loss,
+    opt: OptimConfig,
+    *,
+    sync: StepSync | None = None,
 ) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
 
@@ -180,20 +224,32 @@ def optimize(
     is inf or NaN is not applied (the adapter and the optimizer state stay as they were): with
     `optim.on_nonfinite = "skip"` one line says so and the stats carry `nonfinite_skipped = 1`; with
     "stop" `NonFiniteStep` is raised.
+
+    With `sync`, this rank runs the loss and backward of its share (`sync.shard(seqs)`) and the
+    ranks sum their gradients before clipping: every token's loss is divided by the whole step's
+    counts, so the sum is the gradient one process computes over all of `seqs`, and every rank
+    applies the same update. The stats are the whole step's on every rank (`combine_stats`).
     """
-    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
+    if opt.micro_batch_tokens is None:  # a caller without a run (the loop resolves it once per run)
+        tokens = auto_micro_batch_tokens(
+            policy.model, str(policy.model.device), checkpointing=opt.gradient_checkpointing
+        )
+        opt = opt.model_copy(update={"micro_batch_tokens": tokens})
+    mine = seqs if sync is None else sync.shard(seqs)
+    batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0)
     counts = StepCounts(
         num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
-    )  # the whole step's
-    params = [p for p in policy.model.parameters() if p.requires_grad]
+    )  # the whole step's, on every rank
     totals: dict[str, float] = {}
-    with gradient_step(policy, optimizer) as model:
+    with gradient_step(policy, optimizer) as model, checkpointed_layers(model, opt.gradient_checkpointing):
+        # under the policy's lock: adapters served beside the trained one may come and go meanwhile
+        params = [p for p in model.parameters() if p.requires_grad]
         for batch, prefix_len in batches:
-            lp, entropy = _logprobs(model, batch, prefix_len)  # [B, T]
+            lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:
                 with torch.no_grad(), model.disable_adapter():
-                    lp_ref, _ = _logprobs(model, batch, prefix_len)
+                    lp_ref, _ = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)
             loss, stats = loss_fn(
                 lp,
                 batch.old_logprobs,
@@ -210,12 +266,15 @@ def optimize(
             )
             stats["loss"] = float(loss.detach())
             _accumulate(totals, stats, share)
+        totals["micro_batches"] = float(len(batches))
+        if sync is not None:  # before clipping: the norm is the whole gradient's
+            sync.sum_gradients(params)
+            totals = combine_stats(sync.gather(totals))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
         finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
         if finite:
             optimizer.step()
     totals["grad_norm"] = grad_norm
-    totals["micro_batches"] = float(len(batches))
     totals["nonfinite_skipped"] = 0.0 if finite else 1.0
     if not finite:
         _nonfinite_step(policy.adapters.version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
@@ -230,6 +289,17 @@ def _accumulate(totals: dict[str, float], stats: dict[str, float], share: float)
             totals[k] = max(totals.get(k, 0.0), v)
         else:
             totals[k] = totals.get(k, 0.0) + v * share
+
+
+def combine_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The step's statistics from the parts of its micro-batches that several ranks accumulated:
+    maxima (`_MAX_STATS`) are the largest; everything else adds up, the token means included,
+    because each part's means were weighted by its share of the whole step's tokens."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = max(out.get(k, v), v) if k in _MAX_STATS else out.get(k, 0.0) + v
+    return out
 
 
 def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None:

@@ -81,3 +81,21 @@ def test_serve_refuses_admin_with_train_and_a_key_with_a_keys_file(tmp_path):
     ]:
         result = CliRunner().invoke(cli_app, ["serve", "--model", str(tmp_path / "no-model"), *options])
         assert result.exit_code == 1 and says in result.output, result.output
+
+
+def test_create_app_refuses_one_key_with_a_tenant_per_key_before_it_starts_a_sampler(tiny_model_dir):
+    import threading
+
+    from grooves.policy.transformers import TransformersPolicy
+    from grooves.serve.app import create_app
+
+    policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
+    samplers = lambda: [t for t in threading.enumerate() if t.name == "grooves-sampler"]  # noqa: E731
+    before = len(samplers())
+    with pytest.raises(
+        ValueError, match=r"^give create_app api_key \(one key\) or keys \(a tenant per key\), not both$"
+    ):
+        create_app(policy, api_key="one-key-1234", keys=ApiKeys({"alice": "alice-key-123"}))
+    assert len(samplers()) == before  # refused before a BatchScheduler thread was started
+    app = create_app(policy, keys=ApiKeys({"alice": "alice-key-123"}))  # either one alone is taken
+    app.state.scheduler.close()

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # the exact versions the CPU default installs; pyproject.toml holds the ranges grooves works with
 LOCK := constraints/cpu.txt
 
-.PHONY: setup demo hn-demo test test-slow check-vllm-resolves bench bench-trl gpu-bundle lint clean
+.PHONY: setup demo hn-demo agent-demo test test-slow check-vllm-resolves bench bench-trl gpu-bundle lint clean
 
 $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,13 @@ demo: setup
 hn-demo: setup
 	$(BIN)/grooves models fetch
 	$(BIN)/python examples/hn_titles/run_demo.py
+
+# tool use on corpus_search: demonstrations, a supervised stage, then RL (examples/agents/corpus_search_demo.toml)
+agent-demo: setup
+	$(BIN)/grooves models fetch
+	$(BIN)/grooves env demos corpus_search --split train --out runs/agents/corpus_search-demos.jsonl --copies 2
+	$(BIN)/grooves train examples/agents/corpus_search_demo.toml
+	$(BIN)/grooves report runs/agents/corpus_search-demo
 
 # pytest also runs the docstring examples (--doctest-modules over src/grooves, pyproject.toml)
 test: setup

@@ -1,4 +1,6 @@
-"""The floor of one GRPO step: its matmul FLOPs over this machine's measured float32 matmul rate.
+"""The floor of one GRPO step: its matmul FLOPs over this machine's measured float32 matmul rate,
+and the physical limit (the roofline): weight bytes over the memory's read bandwidth for decoding,
+FLOPs over the peak large-matmul rate for the rest.
 
 Counting (N = weights a token passes through: every linear layer of every block plus the output
 head, 134.5M for SmolLM2-135M; the embedding lookup costs no FLOPs):
@@ -22,6 +24,16 @@ weight shapes (distinct tensors, so weights stream from memory as in the real mo
 batch widths a step uses: G rows (decode) and P + sum C rows (prefill and training). The rate is the
 best of `repeats` timings: a floor is what the machine can do, and other work on it only ever
 slows a timing down. On a GPU (`device="cuda"`, bf16) the same count runs there.
+
+That floor charges decode steps at the rate of the small-row matmul kernel itself, so a slow
+kernel defines its own floor. The roofline does not (`roofline_seconds`):
+
+- generation: every decode step reads every weight once (N weights, plus the tied output head's,
+  at 4 bytes in float32), so it cannot take less than weight bytes / read bandwidth, the
+  bandwidth measured as a `torch.sum` over a 256 MB tensor; plus the prefill's FLOPs at the peak
+  rate;
+- training: its FLOPs at the peak large-matmul rate: the best of MKL (`torch.matmul`) and oneDNN
+  (prepacked weights) over the model's shapes at the training width (and at 512 rows).
 
     python benchmarks/bench_floor.py --prompt-tokens 24 --completion 32 --group-size 8
 """
@@ -124,6 +136,80 @@ def matmul_rate(
     return flops / min(times)
 
 
+def read_bandwidth(repeats: int = 7, megabytes: int = 256) -> float:
+    """Bytes/s a `torch.sum` reads from a float32 tensor of `megabytes` (best of `repeats`):
+    larger than the caches, so what the memory delivers to one reduction on every thread."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def packed_matmul_rate(dims: Dims, rows: int, repeats: int = 7) -> float:
+    """FLOP/s of oneDNN's float32 linear on prepacked weights (`policy/fast/kernels.PackedKernels`'
+    ops) over one forward's weight shapes at `rows` rows (best of repeats); 0 without oneDNN."""
+    from grooves.policy.fast.kernels import onednn_available
+
+    if not onednn_available():
+        return 0.0
+    gen = torch.Generator().manual_seed(0)
+    shapes = [s for _ in range(dims.layers) for s in dims.linear_shapes()] + [(dims.hidden, dims.vocab)]
+    packed = [
+        torch.ops.mkldnn._reorder_linear_weight(torch.randn(b, a, generator=gen) * 0.02, rows)
+        for a, b in shapes
+    ]
+    inputs = {a: torch.randn(rows, a, generator=gen) for a in {a for a, _ in shapes}}
+    flops = sum(2 * rows * a * b for a, b in shapes)
+
+    def run() -> None:
+        for (a, _), w in zip(shapes, packed, strict=True):
+            torch.ops.mkldnn._linear_pointwise(inputs[a], w, None, "none", [], "")
+
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return flops / best
+
+
+def roofline_seconds(
+    dims: Dims,
+    prompt: int,
+    lengths: list[int],
+    lora_rank: int = 8,
+    repeats: int = 7,
+    bytes_per_weight: int = 4,
+) -> dict[str, float]:
+    """The physical limit of one step on this CPU: decode steps x weight bytes / read bandwidth, and
+    the prefill's and training's FLOPs at the peak large-matmul rate (see the module doc)."""
+    f = step_flops(dims, prompt, lengths, lora_rank)
+    wide = int(f["train_tokens"])
+    peak = max(  # the faster of MKL and oneDNN, at the training width and at 512 rows
+        *(matmul_rate(dims, rows, repeats) for rows in (wide, 512)),
+        *(packed_matmul_rate(dims, rows, repeats) for rows in (wide, 512)),
+    )
+    bandwidth = read_bandwidth(repeats)
+    weight_bytes = float(dims.matmul_params * bytes_per_weight)
+    decode = f["decode_steps"] * weight_bytes / bandwidth
+    generation = f["prefill"] / peak + decode
+    training = f["training"] / peak
+    return {
+        "roofline_generation_s": generation,
+        "roofline_decode_s": decode,
+        "roofline_training_s": training,
+        "roofline_step_s": generation + training,
+        "read_bandwidth": bandwidth,
+        "peak_rate": peak,
+        "weight_bytes": weight_bytes,
+    }
+
+
 def floor_seconds(
     dims: Dims,
     prompt: int,
@@ -163,6 +249,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--no-roofline", action="store_true", help="only the FLOPs / same-width matmul floor")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
@@ -173,9 +260,14 @@ def main() -> None:
     lengths = (
         [int(x) for x in args.lengths.split(",")] if args.lengths else [args.completion] * args.group_size
     )
+    load = os.getloadavg()[0]
     out = floor_seconds(
         dims, args.prompt_tokens, lengths, args.lora_rank, device=args.device, dtype=args.dtype
     )
+    roofline = args.device == "cpu" and args.dtype == "float32" and not args.no_roofline
+    if roofline:
+        out.update(roofline_seconds(dims, args.prompt_tokens, lengths, args.lora_rank))
+    out["load_average"] = [load, os.getloadavg()[0]]
     if args.json:
         Path(args.json).write_text(json.dumps(out))
     print(f"N (matmul weights per token) = {dims.matmul_params / 1e6:.1f}M")
@@ -186,6 +278,19 @@ def main() -> None:
     print(f"generation: {out['flops_generation'] / 1e9:.1f} GFLOP -> {out['generation_s']:.3f} s")
     print(f"training:   {out['flops_training'] / 1e9:.1f} GFLOP -> {out['training_s']:.3f} s")
     print(f"floor:      {out['step_s']:.3f} s/step")
+    if roofline:
+        steps = int(out["flops_decode_steps"])
+        print(
+            f"roofline: read bandwidth {out['read_bandwidth'] / 1e9:.1f} GB/s, {out['weight_bytes'] / 1e6:.0f} MB of "
+            f"weights per decode step ({out['weight_bytes'] / out['read_bandwidth'] * 1e3:.1f} ms), peak matmul rate "
+            f"{out['peak_rate'] / 1e9:.1f} GFLOP/s"
+        )
+        print(
+            f"roofline: generation {out['roofline_generation_s']:.3f} s ({steps} decode steps "
+            f"{out['roofline_decode_s']:.3f} s + prefill), training {out['roofline_training_s']:.3f} s, "
+            f"step {out['roofline_step_s']:.3f} s"
+        )
+    print(f"1-minute load average: {out['load_average'][0]:.1f} before, {out['load_average'][1]:.1f} after")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ of the same process; with `OMP_WAIT_POLICY=PASSIVE` the same call took 6.0-7.5 s
 read when torch loads) and it shows in the table title.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_generation.py   # n=8, 64 new tokens, threads = cores
+
+`--n 1,8,64 --kernels` instead compares the sampler's decode kernels at each group size (the
+default oneDNN on packed weights, MKL, and the int8 / bfloat16 samplers) against the roofline:
+n rows decode one token each per pass over the weights, so no float32 sampler can exceed
+n x read bandwidth / weight bytes tokens/s (bandwidth measured as in `bench_floor.py`).
+`--json` writes every run's numbers and the load average.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import statistics
 import time
@@ -33,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grooves.config import LoraConfig
+from grooves.policy.fast import FastPaths
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
 from grooves.serve.app import inprocess_client
@@ -117,10 +125,102 @@ def bench_generate(policy, prompt_ids, n, max_tokens, temperature):
     return run
 
 
+def _kernel_methods(args, lora, prompt_ids, n) -> dict:
+    """The sampler with each decode kernel, one policy each (the same seed, the same adapter)."""
+    policies = {
+        "oneDNN packed float32 (default)": {},
+        "MKL float32": {"fast": FastPaths(packed_decode=False)},
+        "int8 weights": {"sampler_precision": "int8"},
+        "bfloat16 weights": {"sampler_precision": "bfloat16"},
+    }
+    methods = {}
+    for name, kwargs in policies.items():
+        torch.manual_seed(0)
+        policy = _POLICIES.setdefault(name, TransformersPolicy(args.model, lora=lora, **kwargs))
+        methods[name] = bench_sampler(policy, prompt_ids, n, args.max_tokens, args.temperature)
+    return methods
+
+
+_POLICIES: dict[str, TransformersPolicy] = {}
+
+
+def _roofline_tokens_per_s(model: str, rows: int) -> tuple[float, dict]:
+    """n rows x read bandwidth / float32 weight bytes: the most tokens/s a float32 decode can reach."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_floor import Dims, read_bandwidth
+
+    from grooves.models import resolve_model
+
+    dims = Dims.from_config(resolve_model(model))
+    bandwidth, weight_bytes = read_bandwidth(), dims.matmul_params * 4
+    return rows * bandwidth / weight_bytes, {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes}
+
+
+def kernels_main(args, lora) -> None:
+    policy = _POLICIES.setdefault(
+        "oneDNN packed float32 (default)",
+        (torch.manual_seed(0), TransformersPolicy(args.model, lora=lora))[1],
+    )
+    prompt_ids = policy.prompts.render([{"role": "user", "content": PROMPT}], None)
+    report = {"command": sys_argv(), "runs": args.runs, "max_tokens": args.max_tokens, "sizes": {}}
+    console = Console(width=140)
+    for n in [int(x) for x in args.n.split(",")]:
+        methods = _kernel_methods(args, lora, prompt_ids, n)
+        load_before = os.getloadavg()[0]
+        results = _timed_rounds(methods, args.runs)
+        load_after = os.getloadavg()[0]
+        roof, memory = _roofline_tokens_per_s(args.model, n)
+        table = Table(
+            title=f"n={n}, max {args.max_tokens} new tokens, LoRA rank {args.lora_rank or 'none'}, {args.threads} threads, "
+            f"median of {args.runs} interleaved rounds; roofline {roof:.1f} tokens/s "
+            f"({memory['read_bandwidth'] / 1e9:.1f} GB/s over {memory['weight_bytes'] / 1e6:.0f} MB)"
+        )
+        for col in (
+            "decode kernels",
+            "tokens",
+            "tokens/s",
+            "vs MKL",
+            "of the float32 roofline",
+            "each run s",
+        ):
+            table.add_column(col, justify="left" if col in ("decode kernels", "each run s") else "right")
+        rates = {name: statistics.median(t / s for s, t in runs) for name, runs in results.items()}
+        for name, runs in results.items():
+            tokens = int(statistics.median(t for _, t in runs))
+            each = " ".join(f"{s:.2f}" for s, _ in runs)
+            ratio = rates[name] / rates["MKL float32"]
+            table.add_row(
+                name, str(tokens), f"{rates[name]:.1f}", f"{ratio:.2f}x", f"{rates[name] / roof:.2f}", each
+            )
+        console.print(table)
+        print(
+            f"1-minute load average: {load_before:.1f} before, {load_after:.1f} after ({os.cpu_count()} cores)"
+        )
+        report["sizes"][str(n)] = {
+            "roofline_tokens_per_s": roof,
+            **memory,
+            "tokens_per_s": rates,
+            "runs": {name: [{"seconds": s, "tokens": t} for s, t in runs] for name, runs in results.items()},
+            "load_average": [load_before, load_after],
+        }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def sys_argv() -> list[str]:
+    import sys
+
+    return sys.argv
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--n", default="8", help="completions per prompt; with --kernels a list: 1,8,64")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -131,10 +231,15 @@ def main() -> None:
         default=0,
         help="sample with a LoRA adapter of this rank on all linear layers, folded as in training (0: the base model)",
     )
+    ap.add_argument("--kernels", action="store_true", help="compare the decode kernels against the roofline")
+    ap.add_argument("--json", default=None, help="with --kernels: also write the numbers here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank > 0 else None
+    if args.kernels:
+        return kernels_main(args, lora)
+    args.n = int(args.n)
     policy = TransformersPolicy(args.model, lora=lora)
     prompt_ids = policy.prompts.render([{"role": "user", "content": PROMPT}], None)
     rows = {

@@ -89,6 +89,7 @@ def grooves_worker(args) -> None:
                 "device": args.device,
                 "dtype": args.dtype,
                 "fast": args.fast,
+                "sampler_precision": args.sampler_precision,
             },
             "vllm": {"gpu_memory_utilization": 0.3},
             "lora": {"rank": 8, "alpha": 16.0, "target_modules": list(LORA_TARGETS)},
@@ -100,6 +101,7 @@ def grooves_worker(args) -> None:
                 "top_p": 1.0,
             },
             "optim": {"lr": 5e-5, "micro_batch_tokens": 4096},
+            "algorithm": {"tis_cap": 2.0 if args.sampler_precision != "float32" else None},
         }
     )
     seed_everything(0)
@@ -107,7 +109,14 @@ def grooves_worker(args) -> None:
     if args.glibc_malloc:  # every speed path of --fast but the allocator's
         paths = dataclasses.replace(fast_paths(args.fast), reuse_freed_memory=False)
         lora = LoraConfig(rank=8, alpha=16.0, target_modules=tuple(LORA_TARGETS))
-        policy = TransformersPolicy(args.model, lora=lora, dtype=args.dtype, device=args.device, fast=paths)
+        policy = TransformersPolicy(
+            args.model,
+            lora=lora,
+            dtype=args.dtype,
+            device=args.device,
+            fast=paths,
+            sampler_precision=args.sampler_precision,
+        )
     else:
         policy = build_policy(config)
     client = inprocess_client(policy)
@@ -145,7 +154,7 @@ def grooves_worker(args) -> None:
             groups = dp.merge_groups(groups)
             t1 = time.perf_counter()
             seqs, _ = to_sequences(groups, config)
-            optimize(policy, optimizer, seqs, loss, config.optim, sync=dp if dp.active else None)
+            stats = optimize(policy, optimizer, seqs, loss, config.optim, sync=dp if dp.active else None)
             policy.adapters.bump()
             t2 = time.perf_counter()
             turns = [t.turns[0] for g in groups for t in g.ok]
@@ -162,6 +171,7 @@ def grooves_worker(args) -> None:
                     "peak_rss_mib": peak_rss_mib(),
                     "gpu_peak_mib": peak_gpu_mib(),
                     "adapter_sha256": _adapter_digest(params),
+                    **{k: stats[k] for k in ("mismatch_k3_mean", "tis_weight_mean") if k in stats},
                 }
             )
             step += 1
@@ -274,6 +284,8 @@ def _summary(records: list[dict], done: dict) -> dict:
         med["peak_gpu_mib"] = max(max(r.get("gpu_mib", 0.0), r.get("gpu_peak_mib", 0.0)) for r in records)
     if any("ranks_equal" in r for r in records):
         med["ranks_equal"] = all(r["ranks_equal"] for r in records)
+    if all("mismatch_k3_mean" in r for r in records):  # sampler vs trainer, per step: the largest
+        med["mismatch_k3_max"] = max(r["mismatch_k3_mean"] for r in records)
     return med
 
 
@@ -382,6 +394,14 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"{floor['training_s']:.2f}",
         ]
         table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
+    if floor is not None and "roofline_step_s" in floor:
+        cells = [
+            "roofline (decode bytes / bandwidth, FLOPs / peak)",
+            f"{floor['roofline_step_s']:.2f}",
+            f"{floor['roofline_generation_s']:.2f}",
+            f"{floor['roofline_training_s']:.2f}",
+        ]
+        table.add_row(*cells, "", "", "", "", *([""] if gpu else []))
     console = Console(width=None if sys.stdout.isatty() else 140)  # piped to a file: no 80-column wrap
     console.print(table)
     g = results["grooves"]
@@ -392,19 +412,37 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"(generation {g['generation_s'] / dp['generation_s']:.2f}x, training {g['training_s'] / dp['training_s']:.2f}x); "
             f"every rank held the same adapter after every step: {'yes' if dp['ranks_equal'] else 'NO'}"
         )
-    if "trl" in results:
-        t = results["trl"]
-        console.print(
-            f"grooves vs TRL: {t['step_s'] / g['step_s']:.2f}x steps/s, "
-            f"{g['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
-            f"generation {t['generation_s'] / g['generation_s']:.2f}x, training {t['training_s'] / g['training_s']:.2f}x"
-        )
+    for name, r in results.items():
+        if name != "trl" and "trl" in results:
+            t = results["trl"]
+            console.print(
+                f"{name} vs TRL: {t['step_s'] / r['step_s']:.2f}x steps/s, "
+                f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x tokens/s, "
+                f"generation {t['generation_s'] / r['generation_s']:.2f}x, training {t['training_s'] / r['training_s']:.2f}x"
+            )
     if floor is not None:
         console.print(
             f"grooves / floor: {g['step_s'] / floor['step_s']:.2f}x (generation {g['generation_s'] / floor['generation_s']:.2f}x, "
             f"training {g['training_s'] / floor['training_s']:.2f}x); matmul rate {floor['decode_rate'] / 1e9:.1f} GFLOP/s "
             f"at {args.group_size} rows, {floor['wide_rate'] / 1e9:.1f} GFLOP/s at {int(floor['flops_train_tokens'])} rows"
         )
+    if floor is not None and "roofline_step_s" in floor:
+        for name, r in results.items():
+            console.print(
+                f"{name} / roofline: {r['step_s'] / floor['roofline_step_s']:.2f}x (generation "
+                f"{r['generation_s'] / floor['roofline_generation_s']:.2f}x, training "
+                f"{r['training_s'] / floor['roofline_training_s']:.2f}x)"
+            )
+        console.print(
+            f"roofline: read bandwidth {floor['read_bandwidth'] / 1e9:.1f} GB/s, "
+            f"{floor['weight_bytes'] / 1e6:.0f} MB of weights per decode step, peak matmul rate "
+            f"{floor['peak_rate'] / 1e9:.1f} GFLOP/s"
+        )
+    for name, r in results.items():
+        if "mismatch_k3_max" in r:
+            console.print(
+                f"{name}: sampler vs trainer mismatch_k3_mean at most {r['mismatch_k3_max']:.2g} per step"
+            )
 
 
 def main() -> None:
@@ -431,6 +469,17 @@ def main() -> None:
         default="on",
         choices=["on", "timed", "off"],
         help="grooves' model.fast (the run file's default: on)",
+    )
+    ap.add_argument(
+        "--sampler-precision",
+        default="float32",
+        choices=["float32", "bfloat16", "int8"],
+        help=argparse.SUPPRESS,  # the worker's; the driver runs float32, and --also-int8 adds an int8 worker
+    )
+    ap.add_argument(
+        "--also-int8",
+        action="store_true",
+        help='also a grooves worker with model.sampler_precision = "int8" (and tis_cap 2), in the same lockstep',
     )
     ap.add_argument(
         "--glibc-malloc",
@@ -494,6 +543,24 @@ def main() -> None:
             work,
         )
     ]
+    if args.also_int8:
+        workers.append(
+            Worker(
+                "grooves int8",
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    "grooves",
+                    *common,
+                    *own,
+                    "--sampler-precision",
+                    "int8",
+                ],
+                env,
+                work,
+            )
+        )
     if args.dp_ranks > 1:
         threads = max(1, args.threads // args.dp_ranks) if args.device == "cpu" else args.threads
         rank_env = {**env, "OMP_NUM_THREADS": str(threads)}
@@ -519,6 +586,7 @@ def main() -> None:
         workers.append(
             Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work)
         )
+    load_before = os.getloadavg()[0]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):
         order = workers if step % 2 == 0 else workers[::-1]
@@ -536,11 +604,25 @@ def main() -> None:
             )
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
     floor = _floor(args, records["grooves"], env, work)
+    load = [load_before, os.getloadavg()[0]]
     _table(results, floor, args)
+    print(
+        f"1-minute load average: {load[0]:.1f} at the start, {load[1]:.1f} at the end ({os.cpu_count()} cores)"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(
-            json.dumps({"steps": records, "summary": results, "floor": floor}, indent=1)
+            json.dumps(
+                {
+                    "command": sys.argv,
+                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                    "load_average": load,
+                    "steps": records,
+                    "summary": results,
+                    "floor": floor,
+                },
+                indent=1,
+            )
         )
 
 

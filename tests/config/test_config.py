@@ -146,4 +146,4 @@ def test_an_sft_run_file_is_checked_like_a_training_run_file():
     with pytest.raises(ConfigError, match=r"^optim\.betas: each beta must be in \[0, 1\)"):
         parse_sft_config({"data": "chats.jsonl", "optim": {"betas": [0.9, 1.0]}})
     config = parse_sft_config({"data": "chats.jsonl"})
-    assert (config.optim.lr, config.logging.checkpoint_every) == (1e-4, 10)  # SFT's own defaults
+    assert (config.optim.lr, config.logging.checkpoint_every) == (2e-4, 10)  # SFT's own defaults

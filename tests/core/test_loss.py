@@ -19,6 +19,7 @@ from grooves.core.loss import (
     gspo,
     kl_penalty,
     ppo_clip,
+    tis_weight,
 )
 
 LOG = math.log
@@ -359,3 +360,69 @@ def test_a_loss_with_an_unknown_setting_is_refused_when_built():
         )
     with pytest.raises(ValueError, match="unknown loss aggregation 'sum'"):
         Loss(policy_loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="sum", max_completion_tokens=4)
+
+
+def test_the_tis_weight_is_the_truncated_ratio_of_trainer_to_sampler():
+    lp_train = torch.tensor([[-1.0, -1.0, -0.5, 7.0], [-2.0, -0.1, -3.0, 0.0]])
+    lp_sampler = torch.tensor([[-1.0, -2.0, -0.4, -9.0], [-2.5, -0.1, -1.0, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, True, False]])
+    w = tis_weight(lp_train, lp_sampler, mask, cap=2.0)
+    # min(exp(lp_train - lp_sampler), 2) on the mask: e^0, e^1 -> 2, e^-0.1, e^0.5, e^0, e^-2; 0 off it
+    expected = [[1.0, 2.0, math.exp(-0.1), 0.0], [math.exp(0.5), 1.0, math.exp(-2.0), 0.0]]
+    torch.testing.assert_close(w, torch.tensor(expected))
+    assert tis_weight(lp_train, lp_sampler, mask, cap=10.0)[0, 1].item() == pytest.approx(math.e)
+    # sampler and trainer agree: every weight is 1, whatever the cap
+    for cap in (1.0, 2.0, 100.0):
+        assert tis_weight(lp_train, lp_train.clone(), mask, cap)[mask].tolist() == [1.0] * 6
+
+
+def _tis_loss(lp, lp_sampler, adv, mask, seq_ids, **kw):
+    return compute_loss(
+        lp,
+        lp_sampler,
+        adv,
+        mask,
+        seq_ids,
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_tokens=4,
+        **kw,
+    )
+
+
+def test_tis_weights_each_tokens_policy_gradient_and_is_a_no_op_when_sampler_and_trainer_agree():
+    lp, lp_sampler, adv, mask, seq_ids = _ratio_case()  # trainer / sampler ratios 1.5, 0.5, 1.1
+    loss, stats = _tis_loss(lp, lp_sampler, adv, mask, seq_ids, tis_cap=1.2)
+    loss.backward()
+    # the PPO ratio against sg(lp) is 1: gradient -w_t A_t / 6 with w = min(ratio, 1.2) = 1.2, 0.5, 1.1
+    w = torch.tensor([1.2, 0.5, 1.1, 0.0])
+    torch.testing.assert_close(lp.grad, torch.stack([-w / 6, w / 6]))
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)  # (-A w + A w) over the two rows
+    assert stats["tis_weight_mean"] == pytest.approx((1.2 + 0.5 + 1.1) / 3)
+    assert stats["tis_capped_fraction"] == pytest.approx(1 / 3)
+    assert stats["clip_fraction"] == 0.0  # nothing is clipped against the trainer's own logprobs
+    assert stats["mismatch_k1_mean"] == pytest.approx(-(LOG(1.5) + LOG(0.5) + LOG(1.1)) / 3)
+
+    # sampler == trainer: the same loss and gradient as without the correction
+    grads = []
+    for cap in (None, 2.0):
+        lp2 = lp.detach().clone().requires_grad_(True)
+        out, _ = _tis_loss(lp2, lp.detach().clone(), adv, mask, seq_ids, tis_cap=cap)
+        out.backward()
+        grads.append((out.item(), lp2.grad))
+    assert grads[0][0] == pytest.approx(grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_the_loss_built_with_tis_cap_applies_it_and_a_cap_below_one_is_refused():
+    lp, lp_sampler, adv, mask, seq_ids = _ratio_case()
+    loss = build_loss(AlgorithmConfig(tis_cap=1.2), max_completion_tokens=4)
+    assert loss.tis_cap == 1.2
+    _, stats = loss(lp, lp_sampler, adv, mask, seq_ids)
+    assert stats["tis_weight_mean"] == pytest.approx((1.2 + 0.5 + 1.1) / 3)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        AlgorithmConfig(tis_cap=0.5)
+    with pytest.raises(ValueError, match="tis_cap=0.5"):
+        _tis_loss(lp, lp_sampler, adv, mask, seq_ids, tis_cap=0.5)

@@ -160,3 +160,30 @@ def test_a_draw_at_the_top_of_the_cdf_takes_the_last_token_with_mass():
     assert _inverse_cdf(probs, torch.ones(2, dtype=torch.float64)).tolist() == [2, 1]
     assert _inverse_cdf(probs, torch.tensor([0.0, 0.0], dtype=torch.float64)).tolist() == [0, 1]
     assert _inverse_cdf(probs, torch.tensor([0.6, 0.99], dtype=torch.float64)).tolist() == [1, 1]
+
+
+def test_prompts_with_a_long_shared_start_prefill_it_once_and_sample_as_alone(model_and_tokenizer):
+    """An environment's system prompt shared by every rollout runs once; the rest of each prompt,
+    of any length, runs on top of it: logprobs equal a plain forward's, greedy output equals alone."""
+    from grooves.policy.sampling import MIN_SHARED_PREFILL, shared_prefix_length
+
+    model, tok = model_and_tokenizer
+    system = _ids(tok, "You are a helpful assistant. Answer the question. " * 4)
+    prompts = [
+        system + _ids(tok, "yes"),
+        system + _ids(tok, "The quick brown fox jumps over the lazy dog."),
+        system + _ids(tok, "0 1"),
+    ]
+    assert shared_prefix_length(prompts) >= MIN_SHARED_PREFILL
+    params = [
+        SamplingParams(n=3, max_tokens=12, temperature=0.8),
+        SamplingParams(n=1, max_tokens=9, temperature=1.3),
+        SamplingParams(n=2, max_tokens=14, temperature=0.0),
+    ]
+    results = _run(model, tok, prompts, params)
+    for prompt, p, completions in zip(prompts, params, results, strict=True):
+        for c in completions:
+            expected, _ = _forward_logprobs(model, prompt, c.token_ids, p.temperature or 1.0)
+            assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 1e-4
+    alone = _run(model, tok, [prompts[2]], [SamplingParams(max_tokens=14, temperature=0.0)])[0][0]
+    assert results[2][0].token_ids == alone.token_ids == results[2][1].token_ids

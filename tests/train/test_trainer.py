@@ -118,6 +118,22 @@ def test_two_runs_of_one_seed_with_the_default_fast_paths_are_identical(peaked_m
     assert runs[0] == runs[1]  # exactly: the same samples, losses and gradients, not merely close
 
 
+def test_an_int8_sampler_run_logs_its_mismatch_and_weights_tokens_by_tis(peaked_model_dir, tmp_path):
+    over = {
+        "steps": 2,
+        "validation__every": 0,
+        "rollout__groups_per_step": 2,
+        "model__sampler_precision": "int8",
+        "algorithm__tis_cap": 2.0,
+    }
+    rows = [r for r in _rows(train(_config(peaked_model_dir, tmp_path / "run", **over))) if "loss" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert 1e-6 < r["mismatch_k3_mean"] < 0.1  # int8 decode steps: not the trainer's function
+        assert 0.5 < r["tis_weight_mean"] < 2.0 and 0.0 <= r["tis_capped_fraction"] <= 1.0
+        assert r["clip_fraction"] == 0.0  # the ratio is taken against the trainer's own logprobs
+
+
 def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
     """The detectors' baselines survive a resume: the same watch statistics and findings as a run that never stopped."""
     watch = {

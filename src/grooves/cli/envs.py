@@ -48,6 +48,27 @@ def validate(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command("demos")
+def demos(
+    name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),
+    out: str = typer.Option(..., "--out", help="JSONL file to write (one chat per line)"),
+    split: str = typer.Option("train", help="train (validation scenarios are never demonstrated)"),
+    seed: int = typer.Option(0, help="data seed"),
+    copies: int = typer.Option(1, min=1, help="chats per scenario, each worded anew"),
+    wording_seed: int = typer.Option(0, help="seeds the choice of wording"),
+) -> None:
+    """Play the gold solver on every scenario of the split and write the chats that score 1.0."""
+    from grooves.envs.demos import write_demonstrations
+
+    try:
+        report = write_demonstrations(get_env(name, seed=seed), out, split, seed=wording_seed, copies=copies)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--split") from None
+    typer.echo(f"{report.summary()}; wrote {out}")
+    for line in (report.dropped + report.skipped)[:20]:
+        typer.echo(f"  {line}")
+
+
 @app.command("serve")
 def serve(
     name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),

@@ -103,7 +103,7 @@ def sft_command(
         raise _fail(f"in {run_file or 'the options'}:\n{exc}", code=2) from None
     try:
         run_dir = sft(config, resume=resume)
-    except (ChatError, FileNotFoundError) as exc:
+    except (ChatError, ConfigError, FileNotFoundError) as exc:
         raise _fail(str(exc), code=2) from exc
     console.print(f"run folder: {run_dir}", highlight=False)
 

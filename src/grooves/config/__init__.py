@@ -8,9 +8,10 @@ This package is the lowest layer of grooves: every other layer reads its section
 
 from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import ConfigError, Section, check_numbers, parse_overrides
-from grooves.config.check import check_against_model
+from grooves.config.check import check_against_model, resolve_init_adapter
+from grooves.config.judge import RunJudgeConfig
 from grooves.config.logging import LoggingConfig
-from grooves.config.model import FastMode, LoraConfig, ModelConfig, ToolFormats, VllmConfig
+from grooves.config.model import FastMode, LoraConfig, ModelConfig, SamplerPrecision, ToolFormats, VllmConfig
 from grooves.config.optim import AdamWConfig, OptimConfig
 from grooves.config.rollout import RolloutConfig
 from grooves.config.run import RunConfig, dump_config, load_config, parse_config
@@ -18,6 +19,7 @@ from grooves.config.sft import (
     SftConfig,
     SftLoggingConfig,
     SftOptimConfig,
+    SftStageConfig,
     SftValidationConfig,
     load_sft_config,
     parse_sft_config,
@@ -37,10 +39,13 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "RunConfig",
+    "RunJudgeConfig",
+    "SamplerPrecision",
     "Section",
     "SftConfig",
     "SftLoggingConfig",
     "SftOptimConfig",
+    "SftStageConfig",
     "SftValidationConfig",
     "TaskEntry",
     "TaskOptions",
@@ -54,6 +59,7 @@ __all__ = [
     "load_config",
     "load_sft_config",
     "parse_config",
+    "resolve_init_adapter",
     "parse_overrides",
     "parse_sft_config",
 ]

@@ -24,6 +24,7 @@ class AlgorithmConfig(Section):
     """ppo: token ratio clipping (DAPO with eps_high > eps_low); cispo: clipped IS weight, every token
     keeps its gradient; gspo: one sequence-level ratio (geometric mean of token ratios)."""
     eps_low: float = Field(0.2, gt=0, lt=1)
+    """PPO clip below: a token's ratio under 1 - eps_low stops adding gradient when its advantage is negative."""
     eps_high: float = Field(0.28, gt=0)
     """Clip range [1 - eps_low, 1 + eps_high]. DAPO's clip-higher (0.28 > 0.2) keeps exploration.
     For gspo use ~3e-4 / 4e-4."""
@@ -46,3 +47,10 @@ class AlgorithmConfig(Section):
     k2 = d^2 / 2: expected gradient exactly that of KL(pi || ref), the penalty as usually written.
     k1 = -d: zero expected gradient, the penalty does nothing but add noise; for comparison only.
     `kl_mean` in the metrics is the k3 estimate of KL(pi || ref) whichever is chosen."""
+    tis_cap: float | None = Field(None, ge=1)
+    """Truncated importance sampling for a sampler that is not the trainer's function
+    (`model.sampler_precision` int8 or bfloat16): each token's loss is weighted by
+    min(pi_train_old / pi_sampler, tis_cap), and the PPO ratio is taken against the trainer's own
+    logprobs of the sampling-time adapter (Yao et al. 2025, the FlashRL report; C = 2 there).
+    Unset: no weight, the sampler's logprobs are the old policy's, right when the sampler is the
+    trainer's function (float32, mismatch ~1e-6). Larger C: less bias, more variance. Must be >= 1."""

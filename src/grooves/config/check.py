@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
+from pathlib import Path
+
 from grooves.config.base import ConfigError
 from grooves.config.run import RunConfig
 from grooves.models import ModelError, resolve_model
@@ -20,7 +24,15 @@ def check_against_model(config: RunConfig) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    problems = [p for p in [_device_problem(config.model.device)] if p]
+    problems = [
+        p
+        for p in [
+            _device_problem(config.model.device),
+            _sampler_problem(config),
+            init_adapter_problem(config),
+        ]
+        if p
+    ]
     try:
         model_config = AutoConfig.from_pretrained(resolve_model(config.model.base_model))
     except ModelError as exc:
@@ -28,6 +40,14 @@ def check_against_model(config: RunConfig) -> None:
         model_config = None
     except (OSError, ValueError, KeyError):  # not readable here; the loader says why
         model_config = None
+    if model_config is not None and config.model.sampler_precision != "float32":
+        kind = getattr(model_config, "model_type", "?")
+        layers = getattr(model_config, "layer_types", None) or []
+        if kind not in ("llama", "qwen2") or any(t != "full_attention" for t in layers):
+            problems.append(
+                f'model.sampler_precision: "{config.model.sampler_precision}" samples llama and qwen2 models '
+                f'with full attention, and this one is {kind}{" with sliding-window layers" if kind in ("llama", "qwen2") else ""}; use "float32"'
+            )
     if model_config is not None:
         context = getattr(model_config.get_text_config(), "max_position_embeddings", None)
         if config.model.backend == "vllm" and config.vllm.max_model_len:
@@ -61,6 +81,23 @@ def check_against_model(config: RunConfig) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def _sampler_problem(config: RunConfig) -> str | None:
+    """A low-precision sampler's needs that the run file alone shows (the model's are checked above)."""
+    m = config.model
+    if m.sampler_precision == "float32":
+        return None
+    why = None
+    if m.backend != "transformers":
+        why = f"the {m.backend} backend samples with its own kernels"
+    elif m.device != "cpu":
+        why = f"its kernels run on the CPU, and model.device is {m.device}"
+    elif m.dtype != "float32":
+        why = f"it samples a float32 model, and model.dtype is {m.dtype}"
+    elif m.fast == "off":
+        why = 'it runs on the fused decode forward, which model.fast = "off" turns off'
+    return None if why is None else f'model.sampler_precision: "{m.sampler_precision}": {why}; use "float32"'
+
+
 def _device_problem(device: str) -> str | None:
     import torch
 
@@ -76,4 +113,77 @@ def _device_problem(device: str) -> str | None:
         return f"model.device: {device!r}, but torch sees no {kind} device here; use cpu or install torch for {kind}"
     if index and int(index) >= count:
         return f"model.device: {device!r}, but torch sees {count} {kind} device(s), numbered from 0"
+    return None
+
+
+def resolve_init_adapter(source: str) -> Path:
+    """The adapter folder `model.init_adapter` names: an adapter folder, a checkpoint's `adapter/`,
+    or a run folder's latest complete checkpoint. Raises `ConfigError` naming the field."""
+    path = Path(source).expanduser()
+    if (path / "adapter_config.json").is_file():
+        return path
+    if (path / "adapter" / "adapter_config.json").is_file():
+        return path / "adapter"
+    steps = (
+        sorted(p for p in (path / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+        if path.is_dir()
+        else []
+    )
+    for step in reversed(steps):  # `step_N.tmp` folders (unfinished) never match
+        if (step / "adapter" / "adapter_config.json").is_file():
+            return step / "adapter"
+    what = (
+        "no such folder"
+        if not path.exists()
+        else "not an adapter folder, a checkpoint or a run folder with checkpoints"
+    )
+    raise ConfigError(f"model.init_adapter: {source}: {what}; pass e.g. runs/sft/checkpoints/step_000010")
+
+
+def init_adapter_problem(config) -> str | None:
+    """One line if `model.init_adapter` cannot start a run of `config` (a run or SFT config): not
+    found, trained on another base model, or another LoRA shape than `[lora]`."""
+    source = config.model.init_adapter
+    if source is None:
+        return None
+    try:
+        adapter = resolve_init_adapter(source)
+        saved = json.loads((adapter / "adapter_config.json").read_text())
+    except ConfigError as exc:
+        return str(exc)
+    except (OSError, ValueError) as exc:
+        return f"model.init_adapter: {source}: unreadable adapter_config.json ({exc})"
+    base, theirs = config.model.base_model, str(saved.get("base_model_name_or_path") or "")
+    same = theirs == base
+    if not same:
+        try:
+            ours = resolve_model(base)
+        except ModelError:
+            ours = base
+        same = (
+            Path(theirs).expanduser().is_dir()
+            and Path(ours).is_dir()
+            and Path(theirs).expanduser().resolve() == Path(ours).resolve()
+        )
+    if not same:  # a grooves checkpoint also records the run's model.base_model (its config.toml)
+        run_file = adapter.parent / "config.toml"
+        try:
+            same = (
+                run_file.is_file()
+                and tomllib.loads(run_file.read_text()).get("model", {}).get("base_model") == base
+            )
+        except tomllib.TOMLDecodeError:
+            same = False
+    if not same:
+        return (
+            f"model.init_adapter: {source} was trained on base model {theirs or '(unrecorded)'!r}, not "
+            f"{base!r} (model.base_model); start from an adapter of {base!r} or set model.base_model to its base"
+        )
+    lora = config.lora
+    shape = (saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or []))
+    if shape != (lora.rank, lora.alpha, sorted(lora.target_modules)):
+        return (
+            f"model.init_adapter: {source} has LoRA rank {shape[0]}, alpha {shape[1]} on {', '.join(shape[2])}; "
+            f"set [lora] rank = {shape[0]}, alpha = {shape[1]}, target_modules = {shape[2]} to continue it"
+        )
     return None

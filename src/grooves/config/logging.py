@@ -13,4 +13,6 @@ class LoggingConfig(Section):
     checkpoint_every: int = Field(1, ge=1)
     """Checkpoint every K steps; resume loses at most K-1 steps."""
     keep_checkpoints: int = Field(3, ge=1)
+    """Checkpoints kept on disk; older ones are deleted as new ones are written."""
     progress: bool = True
+    """Progress bars on the terminal; false for logs and CI."""

@@ -11,6 +11,8 @@ from grooves.config.base import Section
 
 FastMode = Literal["on", "timed", "off"]
 """What `ModelConfig.fast` may be (see `grooves.policy.fast`)."""
+SamplerPrecision = Literal["float32", "bfloat16", "int8"]
+"""What `ModelConfig.sampler_precision` may be (see `grooves.policy.fast.kernels`)."""
 ToolFormats = Literal["smollm2", "template"]
 """What `ModelConfig.tool_format` may be (the names of `policy.tool_format.TOOL_FORMATS`)."""
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
@@ -36,6 +38,19 @@ class ModelConfig(Section):
     allows. `timed`: also the output head's matmul form picked by timing it per row count (faster
     on some CPUs; a choice timed on a busy machine can differ between two runs of one seed, which
     then drift apart). `off`: plain transformers + peft. See docs/speed.md."""
+    init_adapter: str | None = None
+    """Start training from these adapter weights instead of a fresh LoRA (e.g. an SFT warm start):
+    an adapter folder (peft), a checkpoint (`runs/x/checkpoints/step_N`) or a run folder (its
+    latest checkpoint). Checked at start: it must have been trained on this `base_model`, and its
+    rank, alpha and target modules must equal `[lora]`'s. The optimizer starts fresh."""
+    sampler_precision: SamplerPrecision = "float32"
+    """The base weights the sampler's decode steps read. `float32`: the trainer's function
+    (logprobs within float rounding of the trainer's). `bfloat16` (half the bytes) or `int8`
+    (weight-only, a quarter): copies of the base weights for decoding, the LoRA adapter in float32
+    on top (CPU only; Llama/Qwen2 in float32 with `fast` on). Faster decoding, but the sampler's
+    distribution is no longer the trainer's: the trainer logs the gap (`mismatch_k3_mean`); set
+    `algorithm.tis_cap` to correct for it. The prefill and the trainer always run the `dtype`
+    weights. See docs/speed.md for what each pays off on a CPU."""
 
     @field_validator("device")
     @classmethod
@@ -53,6 +68,7 @@ class LoraConfig(Section):
     alpha: float = Field(16.0, gt=0)
     """Update scale is alpha/rank; keep alpha/rank near 2 when changing rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """LoRA dropout; 0 keeps the sampler's and trainer's logprobs equal (dropout is off when sampling)."""
     target_modules: list[str] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
     )

@@ -15,12 +15,20 @@ class AdamWConfig(Section):
     lr: float = Field(5e-5, gt=0)
     """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay on the LoRA weights; 0: none."""
     betas: tuple[float, float] = (0.9, 0.99)
     """Adam's moment decays, each in [0, 1)."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global grad norm (RL gradients spike when a group's advantages are large)."""
     micro_batch_tokens: int = Field(4096, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
+    share_prefix: bool = True
+    """Run a group's shared prompt (RL) or the chats' common start (SFT: an environment's system
+    prompt and tool list) once per micro-batch and the rest on top of its KV cache (same gradient
+    as separate forwards, a fraction of the tokens). The shared part ends before the first trained
+    token of any member, even when completions begin alike. Falls back to `packing`."""
+    packing: bool = True
+    """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
 
     @field_validator("betas")
     @classmethod
@@ -32,6 +40,11 @@ class AdamWConfig(Section):
 
 class OptimConfig(AdamWConfig):
     """An RL run's `[optim]`."""
+
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate. 2e-4 is what the capitals demo learns with (LoRA rank 8 on a 135M model,
+    docs/adapters.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
+    larger models or ranks."""
 
     micro_batch_tokens: int | None = Field(None, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
@@ -45,12 +58,6 @@ class OptimConfig(AdamWConfig):
     layer's intermediates to one hidden vector per layer, for about a third more compute. The
     same gradient (tested). For bases whose activations do not fit beside their weights."""
 
-    share_prefix: bool = True
-    """Run a group's shared prompt once per micro-batch and its completions on top of its KV cache
-    (same gradient as separate forwards, a fraction of the tokens). The shared part ends before
-    the first sampled token of any member, even when completions begin alike. Falls back to `packing`."""
-    packing: bool = True
-    """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """A step whose loss or grad norm is inf or NaN is never applied: the adapter and the optimizer
     state stay as they were. skip: one line says so, the step is logged with `nonfinite_skipped = 1`

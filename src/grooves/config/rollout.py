@@ -26,6 +26,17 @@ class RolloutConfig(Section):
     """Per-turn completion budget; also L in the constant of `aggregation = "constant"` (Dr. GRPO)."""
     max_failure_fraction: float = Field(0.5, ge=0, le=1)
     """Stop the run if more than this fraction of a step's rollouts raise."""
+    refill_zero_variance: bool = False
+    """Dynamic sampling (DAPO): a group whose rewards are all equal teaches nothing, so draw more
+    training scenarios (from the same seeded stream: a resumed run draws the same) until the step
+    has `groups_per_step` groups whose rewards differ, or `max_refill_draws` extra scenarios were
+    drawn. Each draw costs `group_size` rollouts; the step trains on every group it drew."""
+    max_refill_draws: int = Field(8, ge=0)
+    """The most extra scenarios one step draws with `refill_zero_variance`: a step costs at most
+    (groups_per_step + max_refill_draws) x group_size rollouts. Logged per step as `refill_draws`."""
+    zero_variance_warning: float = Field(0.5, ge=0, le=1)
+    """Say so on one line (at most once per 10 steps) when at least this fraction of a step's groups
+    had all-equal rewards; such steps are logged with `sparse_rewards = 1` and counted in the report."""
     max_staleness: int = Field(0, ge=0)
     """k: rollouts may run up to k steps ahead of the trainer, step t sampled by adapter version
     max(0, t - 1 - k) (`train.pipeline`). 0: strictly on-policy, each step waits for its rollouts
@@ -52,5 +63,13 @@ class RolloutConfig(Section):
         if self.max_staleness and self.runner != "local":
             raise ValueError(
                 'rollout.max_staleness > 0 needs rollout.runner = "local" (the Ray runner serves only the live adapter)'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _refill_on_policy(self):
+        if self.refill_zero_variance and self.max_staleness:
+            raise ValueError(
+                "rollout.refill_zero_variance needs max_staleness = 0 (refills draw after the step's own scenarios)"
             )
         return self

@@ -17,10 +17,12 @@ from pydantic import Field, field_validator, model_validator
 
 from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import Section, dump, read_run_file, validate
+from grooves.config.judge import RunJudgeConfig
 from grooves.config.logging import LoggingConfig
 from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig, VllmConfig
 from grooves.config.optim import OptimConfig
 from grooves.config.rollout import RolloutConfig
+from grooves.config.sft import SftStageConfig
 from grooves.config.tasks import TaskEntry, TaskOptions
 from grooves.config.validation import ValidationConfig
 from grooves.config.watch import WatchConfig
@@ -28,11 +30,13 @@ from grooves.config.watch import WatchConfig
 
 class RunConfig(Section):
     name: str = "run"
+    """The run's name: the served model name and the adapter's name in the registry."""
     output_dir: str = "runs/run"
     """Run folder: config, metrics.jsonl, reward curve, samples, checkpoints, report."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seeds Python, numpy and torch; numpy's seeds are 0 .. 2**32 - 1."""
     steps: int = Field(20, ge=1)
+    """Optimizer steps; each samples `groups_per_step` groups of `group_size` rollouts."""
     task: str = "capitals"
     """A built-in task name, or `package.module:object` for your own Task."""
     task_options: TaskOptions = {}
@@ -51,6 +55,10 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     watch: WatchConfig = WatchConfig()
     """Reward-hacking detectors and inspection pages (see grooves.watch)."""
+    sft: SftStageConfig | None = None
+    """A supervised stage on demonstrations run before RL (see `SftStageConfig`); unset: none."""
+    judge: RunJudgeConfig | None = None
+    """An LLM judge scoring each group next to the task's reward (see `RunJudgeConfig`); unset: none."""
 
     @field_validator("output_dir")
     @classmethod

@@ -19,31 +19,43 @@ from grooves.config.tasks import TaskOptions
 
 
 class SftOptimConfig(AdamWConfig):
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate. SFT on LoRA tolerates ~1e-4..2e-4; RL wants less (its targets move)."""
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate. On capitals, 16 steps at 2e-4 reached 0.778 held-out success and 1e-4
+    0.704 (docs/adapters.md); the corpus_search demonstrations
+    were trained at 5e-4 (examples/agents/corpus_search_sft.toml)."""
 
 
 class SftValidationConfig(Section):
     task: str | None = None
     """A task (as in `grooves train`) whose validation split scores the adapter; unset: no validation."""
     task_options: TaskOptions = {}
+    """Passed to the validation task's constructor."""
     every: int = Field(0, ge=0)
     """Validate every K steps (0 = only before the first and after the last step)."""
     scenarios: int = Field(32, ge=1)
+    """Validation scenarios scored (the first of the task's validation split)."""
     temperature: float = Field(0.7, ge=0, le=2)
+    """Sampling temperature of validation rollouts."""
     max_tokens: int = Field(64, ge=1)
+    """Per-turn completion budget of validation rollouts."""
 
 
 class SftLoggingConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
+    """Steps between checkpoints (and always after the last)."""
     keep_checkpoints: int = Field(3, ge=1)
+    """Checkpoints kept on disk; older ones are deleted as new ones are written."""
     progress: bool = True
+    """Progress bars on the terminal; false for logs and CI."""
 
 
 class SftConfig(Section):
     name: str = "sft"
+    """The run's name: the adapter's name in the registry."""
     output_dir: str = "runs/sft"
+    """Run folder: config, metrics.jsonl, checkpoints."""
     seed: int = 0
+    """Seeds the data order, the LoRA initialization and validation sampling."""
     data: str
     """JSONL file of chats: {"messages": [...], "tools": [...]} per line."""
     batch_size: int = Field(8, ge=1)
@@ -57,6 +69,27 @@ class SftConfig(Section):
     optim: SftOptimConfig = SftOptimConfig()
     validation: SftValidationConfig = SftValidationConfig()
     logging: SftLoggingConfig = SftLoggingConfig()
+
+
+class SftStageConfig(Section):
+    """`[sft]` in an RL run file: supervised training on demonstrations before RL, in one run.
+
+    `grooves train` first trains an adapter on `data` (as `grooves sft` would, with the run's
+    `[model]` and `[lora]`) into `<output_dir>/sft`, then starts RL from it (`model.init_adapter`).
+    A resumed run whose RL has begun skips the stage; one stopped during SFT continues it."""
+
+    data: str
+    """JSONL of chats (`grooves env demos NAME --out FILE`); none may be a validation scenario of the task."""
+    batch_size: int = Field(8, ge=1)
+    """Chats per optimizer step."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the data; ignored when `steps` is set."""
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps; default ceil(epochs x chats / batch_size)."""
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate of the SFT stage (RL's is `optim.lr`); the default is `grooves sft`'s."""
+    checkpoint_every: int = Field(10, ge=1)
+    """SFT steps between checkpoints (a stopped stage continues from the last one with --resume)."""
 
 
 def parse_sft_config(data: dict) -> SftConfig:

@@ -15,3 +15,4 @@ class ValidationConfig(Section):
     samples: int = Field(1, ge=1)
     """Rollouts per held-out scenario; more gives a steadier success rate for the same scenarios."""
     temperature: float = Field(0.7, ge=0, le=2)
+    """Sampling temperature of validation rollouts (training's is `rollout.temperature`)."""

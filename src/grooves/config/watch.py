@@ -23,6 +23,7 @@ class RewardJumpConfig(Section):
     """The mean reward leaves its recent band within a few steps."""
 
     enabled: bool = True
+    """false turns this detector off."""
     metric: str = "reward_mean"
     """Metrics key of the trained reward; computed from the groups when the key is absent."""
     signals: bool = True
@@ -48,6 +49,7 @@ class CollapseConfig(Section):
     """Outputs for different inputs become the same or nearly the same."""
 
     enabled: bool = True
+    """false turns this detector off."""
     ngram: int = Field(3, ge=1)
     """Word n-gram size for the Jaccard overlap; 3 ignores shared stop words, 1 counts any shared word."""
     max_pairs: int = Field(400, ge=10)
@@ -64,12 +66,14 @@ class CollapseConfig(Section):
     baseline_steps: int = Field(3, ge=1)
     """Observed steps whose median is the baseline; the detector is silent until it has them."""
     severity: Severity = "critical"
+    """The severity of its findings: info, warning or critical (`pause_on` acts on it)."""
 
 
 class InputIndependenceConfig(Section):
     """The output no longer depends on its input."""
 
     enabled: bool = True
+    """false turns this detector off."""
     min_groups: int = Field(3, ge=2)
     """Distinct inputs needed in a step: matching an output back to its input among 2 is a coin toss."""
     baseline_steps: int = Field(3, ge=1)
@@ -89,12 +93,14 @@ class InputIndependenceConfig(Section):
     """Fire when shuffling the inputs lowers the score by less than this many reward spreads
     (the spread of the first rescoring's own scores)."""
     severity: Severity = "critical"
+    """The severity of its findings: info, warning or critical (`pause_on` acts on it)."""
 
 
 class LengthDriftConfig(Section):
     """Completion length moves far from where the run started."""
 
     enabled: bool = True
+    """false turns this detector off."""
     metric: str = "completion_tokens_mean"
     """Metrics key of the mean completion length; computed from the groups when absent."""
     baseline_steps: int = Field(5, ge=1)
@@ -106,13 +112,16 @@ class LengthDriftConfig(Section):
     min_ratio: float = Field(0.5, gt=0, lt=1)
     """Fire below baseline x this: a policy answering ":" to a fooled judge shrinks."""
     severity: Severity = "warning"
+    """The severity of its findings: info, warning or critical (`pause_on` acts on it)."""
 
 
 class CheckDivergenceConfig(Section):
     """The trained reward rises while an independent check (held-out metric, second judge) falls."""
 
     enabled: bool = True
+    """false turns this detector off."""
     reward_metric: str = "reward_mean"
+    """Metrics key of the trained reward."""
     prefixes: list[str] = Field(default_factory=lambda: ["val/", "check/"])
     """Metrics keys starting with one of these are independent checks."""
     lower_is_better: list[str] = Field(
@@ -129,6 +138,7 @@ class CheckDivergenceConfig(Section):
     max_correlation: float = Field(-0.5, ge=-1, le=1)
     """And the reward and check must correlate at most this much over the window."""
     severity: Severity = "critical"
+    """The severity of its findings: info, warning or critical (`pause_on` acts on it)."""
 
 
 class InspectConfig(Section):
@@ -137,8 +147,11 @@ class InspectConfig(Section):
     every: int = Field(10, ge=0)
     """Write `inspect/step_XXXXXX.html` every this many steps (0 disables)."""
     n_random: int = Field(6, ge=0)
+    """Random samples per page."""
     n_best: int = Field(3, ge=0)
+    """Highest-reward samples per page."""
     n_worst: int = Field(3, ge=0)
+    """Lowest-reward samples per page."""
     max_chars: int = Field(1500, ge=80)
     """Inputs and outputs longer than this are cut on the page (the JSONL keeps them whole)."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from grooves.config import OptimConfig
+from grooves.config import AdamWConfig
 from grooves.core.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch
 
 MIN_SHARED_PREFIX = 8
@@ -39,7 +39,7 @@ def common_prefix(seqs: Sequence[TrainSequence]) -> int:
     return n
 
 
-def micro_batches(seqs: list[TrainSequence], opt: OptimConfig, pad: int) -> list[tuple[TrainBatch, int]]:
+def micro_batches(seqs: list[TrainSequence], opt: AdamWConfig, pad: int) -> list[tuple[TrainBatch, int]]:
     """(batch, shared prefix length or 0) pairs of at most ~`micro_batch_tokens` tokens each.
 
     With `share_prefix`, each group's sequences go together so their prompt is computed once;

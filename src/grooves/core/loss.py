@@ -132,6 +132,32 @@ def gspo(
     return PolicyLossOutput(torch.where(mask, loss, torch.zeros_like(loss)), clipped)
 
 
+def tis_weight(
+    lp_train_old: torch.Tensor, lp_sampler: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weight of each sampled token: min(pi_train_old / pi_sampler, C).
+
+    w_t = min(exp(lp_train_old_t - lp_sampler_t), cap) on the mask, 0 elsewhere; no gradient.
+    `lp_sampler` is the logprob the sampler reported for the token it drew (`TrainBatch.old_logprobs`)
+    and `lp_train_old` the trainer's own logprob of that token under the adapter that sampled it
+    (the trainer's recomputation, detached). A fast sampler (int8 or bf16 weights, another
+    engine's kernels) draws from pi_sampler, not from the pi_train_old the trainer's PPO ratio is
+    taken against; weighting each token's loss by w_t corrects the expectation back to
+    pi_train_old, and truncating at C bounds the variance the rare large ratios would add
+    (Ionides 2008, "Truncated importance sampling", J. Comput. Graph. Stat. 17(2); applied to RL
+    with fast samplers by Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training", the FlashRL report, which uses C = 2). Where sampler and trainer
+    agree, w_t = 1 for any C >= 1.
+
+    >>> tis_weight(torch.tensor([[-1.0, -1.0, -0.5]]), torch.tensor([[-1.0, -2.0, -0.4]]),
+    ...            torch.tensor([[True, True, True]]), 2.0).tolist()  # [1, min(e, 2), e^-0.1]
+    [[1.0, 2.0, 0.904837429523468]]
+    """
+    ratio = torch.exp(log_ratio(lp_train_old.detach(), lp_sampler, mask))  # [B, T], 1 off the mask
+    weight = torch.clamp(ratio, max=cap)  # [B, T]
+    return torch.where(mask, weight, torch.zeros_like(weight))
+
+
 POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo_clip, "cispo": cispo, "gspo": gspo}
 """Per-token policy losses by config name (DAPO is "ppo" with eps_low=0.2, eps_high=0.28)."""
 
@@ -244,8 +270,18 @@ def compute_loss(
     num_sequences: int | None = None,
     num_tokens: int | None = None,
     num_rollouts: int | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The training loss: aggregate(policy_loss_t + beta * KL_t), and its per-batch statistics.
+
+    With `tis_cap` C (a sampler that is not the trainer's function, e.g. int8 weights), the
+    policy loss is taken against the trainer's own old logprobs and each token's is weighted by
+    `tis_weight`: l_t = w_t * policy_loss_t(lp, lp_train_old), w_t = min(pi_train_old /
+    pi_sampler, C). Here lp_train_old = sg(lp): each batch is sampled by the adapter the
+    trainer holds at its one optimizer step (the trainer checks the adapter version), so the
+    trainer's recomputed logprob under the sampling-time adapter is this forward's, detached;
+    its PPO ratio is 1 in value and the gradient is w_t A_t d(lp_t). Without it, the sampler's
+    logprobs are the old policy's (the ratio absorbs the mismatch, unweighted).
 
     Stats (means over this batch's sampled tokens):
     `clip_fraction` (share of tokens with a clipped ratio), `ratio_mean` (mean rho_t),
@@ -253,7 +289,8 @@ def compute_loss(
     loss uses; present when `lp_ref` is given),
     `mismatch_k1_mean` / `mismatch_k3_mean` (k1 / k3 estimates of KL(sampler || trainer) from
     lp_old vs lp; near zero when sampler and trainer agree), `mismatch_abs_max`
-    (max |lp - lp_old|), `policy_loss` and `kl_loss` (the aggregated parts), `num_tokens`.
+    (max |lp - lp_old|), `policy_loss` and `kl_loss` (the aggregated parts), `num_tokens`; with
+    `tis_cap`, `tis_weight_mean` and `tis_capped_fraction` (share of tokens whose weight is C).
     The mismatch stats measure sampler against trainer on a batch's first optimizer step;
     on later steps of the same batch they also include the policy's own change.
     """
@@ -263,11 +300,22 @@ def compute_loss(
         raise ValueError(
             f"beta={beta} needs reference logprobs lp_ref (adapter disabled); pass them or set beta=0"
         )
-    out = POLICY_LOSSES[policy_loss](lp, lp_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
+    if tis_cap is not None and not tis_cap >= 1.0:
+        raise ValueError(f"tis_cap={tis_cap}: the truncation C must be >= 1 (a weight of 1 is no correction)")
+    ratio_old = lp_old if tis_cap is None else lp.detach()  # [B, T]: pi_train_old's logprobs under TIS
+    out = POLICY_LOSSES[policy_loss](lp, ratio_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
+    token_loss = out.loss  # [B, T]
+    weight = None
+    if tis_cap is not None:
+        weight = tis_weight(lp.detach(), lp_old, mask, tis_cap)  # [B, T]
+        token_loss = weight * token_loss
     counts = {"num_sequences": num_sequences, "num_tokens": num_tokens, "num_rollouts": num_rollouts}
-    policy_part = aggregate(out.loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
+    policy_part = aggregate(token_loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
     total = policy_part
     stats = _ratio_stats(lp.detach(), lp_old, mask, out.clipped)
+    if weight is not None:
+        stats["tis_weight_mean"] = _masked_mean(weight, mask)
+        stats["tis_capped_fraction"] = _masked_mean((weight >= tis_cap).float(), mask)
     stats["policy_loss"] = float(policy_part.detach())
     if lp_ref is not None:
         stats["kl_mean"] = _masked_mean(kl_penalty(lp.detach(), lp_ref, "k3", mask), mask)
@@ -295,7 +343,8 @@ class Loss:
     `loss(lp, lp_old, adv, mask, seq_ids, counts=..., lp_ref=...)` returns (loss, stats) exactly as
     `compute_loss` with `policy_loss`, the clip range, `aggregation`, `beta` and `kl_kind` set here,
     `num_rollouts = rollouts_per_step` (Dr. GRPO's constant counts every rollout the step asked
-    for) and the step's `counts` (None: this batch's own). `lp_ref` is needed when `beta` > 0.
+    for), `tis_cap` (None: no importance correction) and the step's `counts` (None: this batch's
+    own). `lp_ref` is needed when `beta` > 0.
     """
 
     policy_loss: str
@@ -306,6 +355,7 @@ class Loss:
     beta: float = 0.0
     kl_kind: KLKind = "k3"
     rollouts_per_step: int | None = None
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy_loss not in POLICY_LOSSES:
@@ -352,6 +402,7 @@ class Loss:
             num_sequences=counts.num_sequences if counts else None,
             num_tokens=counts.num_tokens if counts else None,
             num_rollouts=self.rollouts_per_step,
+            tis_cap=self.tis_cap,
         )
 
 
@@ -369,6 +420,7 @@ def build_loss(
         beta=algorithm.kl_beta,
         kl_kind=algorithm.kl_kind,
         rollouts_per_step=rollouts_per_step,
+        tis_cap=algorithm.tis_cap,
     )
 
 

@@ -12,6 +12,7 @@ snapshot carries them: a restored or forked episode resumes with the budget it h
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -34,8 +35,53 @@ from grooves.envs.base import (
 from grooves.envs.state import SeedDatabase, SqliteState, check_snapshot
 from grooves.envs.tools import Tool, ToolBox, ToolContext, error_content
 
-Call = Callable[[str, dict[str, Any]], Any]
-"""`call(tool_name, arguments) -> parsed tool result`, handed to scripted solvers."""
+
+class Call:
+    """What a scripted solver acts through: `call(tool_name, arguments) -> parsed tool result`.
+
+    Each call runs in the episode and is recorded in the chat as the model would make it: an
+    assistant message with one tool call, then the tool's reply. `call.say(*phrasings)` gives the
+    words of an answer. Played plainly (`validate`), every assistant message is the first phrasing
+    and tool calls carry no text; played with `rng` (demonstrations), each answer is one phrasing
+    drawn from the seeded `rng` and each tool call is introduced by one of `prefaces`, so a model
+    trained on the chats learns the behaviour rather than one string.
+    """
+
+    def __init__(
+        self,
+        episode: Any,
+        messages: list[dict[str, Any]],
+        rng: random.Random | None = None,
+        prefaces: Sequence[str] = ("",),
+    ):
+        self.episode = episode
+        self.messages = messages
+        self.rng = rng
+        self.prefaces = tuple(prefaces) or ("",)
+        self.count = 0
+
+    def __call__(self, name: str, arguments: dict[str, Any]) -> Any:
+        self.count += 1
+        raw = {
+            "id": f"call_{self.count}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
+        preface = self.prefaces[0] if self.rng is None else self.rng.choice(self.prefaces)
+        self.messages.append({"role": "assistant", "content": preface, "tool_calls": [raw]})
+        reply = self.episode.step(raw)
+        self.messages.append(reply)
+        try:
+            return json.loads(reply["content"])
+        except json.JSONDecodeError:
+            return {"text": reply["content"]}
+
+    def say(self, *phrasings: str) -> str:
+        """One of `phrasings`: the first when played plainly, a seeded choice for demonstrations."""
+        if not phrasings:
+            raise ValueError("say needs at least one phrasing")
+        return phrasings[0] if self.rng is None else self.rng.choice(phrasings)
+
 
 Solver = Callable[[Scenario, Call], str]
 """A scripted agent: makes tool calls through `call` and returns its final answer."""
@@ -282,33 +328,22 @@ class LocalEpisode:
         self.state.close()
 
 
-def play(episode: Any, solver: Solver, scenario: Scenario) -> Trajectory:
+def play(
+    episode: Any,
+    solver: Solver,
+    scenario: Scenario,
+    *,
+    rng: random.Random | None = None,
+    prefaces: Sequence[str] = ("",),
+) -> Trajectory:
     """Run a scripted solver through an episode and return its chat as a `Trajectory`.
 
     Each call becomes an assistant message with one tool call and the episode's tool reply, in
     the OpenAI format a model's rollout produces, so graders see scripted and sampled
-    trajectories the same way.
+    trajectories the same way. `rng` and `prefaces` vary the wording (see `Call`).
     """
     traj = Trajectory(messages=list(episode.messages), tools=episode.tools)
-    count = 0
-
-    def call(name: str, arguments: dict[str, Any]) -> Any:
-        nonlocal count
-        count += 1
-        raw = {
-            "id": f"call_{count}",
-            "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)},
-        }
-        traj.messages.append({"role": "assistant", "content": "", "tool_calls": [raw]})
-        reply = episode.step(raw)
-        traj.messages.append(reply)
-        try:
-            return json.loads(reply["content"])
-        except json.JSONDecodeError:
-            return {"text": reply["content"]}
-
-    answer = solver(scenario, call)
+    answer = solver(scenario, Call(episode, traj.messages, rng, prefaces))
     traj.messages.append({"role": "assistant", "content": answer})
     return traj
 

@@ -42,6 +42,10 @@ def policy_for(
         raise ValueError(
             "model.backend: a policy on a shared base runs on transformers; set it to transformers"
         )
+    from grooves.config.check import resolve_init_adapter
+
+    # `model.init_adapter`: trained further (loaded trainable, as `lora` is set)
+    init = resolve_init_adapter(model.init_adapter) if model.init_adapter else None
     if model.backend == "vllm" and vllm is not None:
         from grooves.policy.vllm import VLLMPolicy
 
@@ -58,6 +62,7 @@ def policy_for(
             max_model_len=vllm.max_model_len,
             enforce_eager=vllm.enforce_eager,
             fast=model.fast,
+            adapter_path=init,
         )
     from grooves.policy.transformers import TransformersPolicy
 
@@ -71,4 +76,6 @@ def policy_for(
         served_name=served_name,
         fast=model.fast,
         base=base,
+        adapter_path=init,
+        sampler_precision=model.sampler_precision,
     )

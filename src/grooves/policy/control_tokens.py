@@ -88,6 +88,10 @@ class ControlTextGuard:
                 ids += self._encode_piece(piece, as_text=i % 2 == 1)
         return ids
 
+    def unmark(self, text: str) -> str:
+        """Rendered `text` as the model reads it: the markers removed, marked strings kept."""
+        return self._marked.sub(lambda m: m.group(1) or "", text)
+
     def _encode_plain(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

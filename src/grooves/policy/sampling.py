@@ -4,8 +4,9 @@ Why not `model.generate`: we need (1) the logprob of each sampled token under th
 distribution it was drawn from, (2) one prefill per distinct prompt even when it is sampled n
 times (a GRPO group shares its prompt), and (3) several different requests decoded together.
 
-The loop: left-pad the distinct prompts, prefill them once, repeat each row of the KV cache for
-its n samples, then decode one token per step for all rows, dropping finished rows from the cache
+The loop: prefill the distinct prompts once (their long shared start, such as an environment's
+system prompt and tool list, once for all of them), repeat each row of the KV cache for its n
+samples, then decode one token per step for all rows, dropping finished rows from the cache
 so late steps cost only what is still running. Decode steps run through transformers' forward
 (`TransformersDecode`) unless the caller passes another decoder: a transformers policy's
 `Sampler` (`policy/sampler.py`) passes the fast paths' (`policy/fast/`), a leaner forward for
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -258,22 +259,9 @@ def sample(
     unique: dict[tuple[int, ...], int] = {}
     slot = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
     distinct = [list(p) for p in unique]
-    width = max(len(p) for p in distinct)
-    ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(distinct), width), dtype=torch.long)
-    for i, p in enumerate(distinct):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P]: left padding must not shift positions
-
-    # left padding puts every prompt's last token in the last column, the only one that predicts
-    last = kept_positions(width - 1, width, device)
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=last
-    )
-    cache = out.past_key_values
-    last_logits = out.logits[:, -1, :].float()  # [U, V]
+    cache, last_logits, mask = _prefill(model, distinct, pad_id, device)
+    width = mask.shape[1]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, W]: padding must not shift positions
 
     vocab = int(last_logits.shape[-1])
     rows: list[_Row] = []
@@ -350,6 +338,70 @@ def sample(
     for row in rows:
         results[row.request].append(_finish(tokenizer, row, eos_token_ids))
     return results
+
+
+MIN_SHARED_PREFILL = 32
+"""Below this many leading tokens shared by every distinct prompt, one padded prefill is as cheap."""
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading ids every prompt shares, leaving at least one id of each to prefill on top.
+
+    >>> shared_prefix_length([[5, 6, 7, 8], [5, 6, 9], [5, 6, 7]])
+    2
+    """
+    first = prompts[0]
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        i = 0
+        while i < n and p[i] == first[i]:
+            i += 1
+        n = i
+    return max(n, 0)
+
+
+def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Run the distinct prompts once; returns (KV cache [U, ...], last-position logits [U, V], mask [U, W]).
+
+    Agent prompts share a long start: an environment's system prompt and tool list is the same for
+    every rollout in the batch, and often longer than what follows it (a question, the turns so
+    far). That start runs once as one row, its KV cache is repeated for each prompt, and only the
+    rest of each prompt runs on top of it, left-padded to the longest rest: the mask is then
+    [shared | padding | rest]. Without a long shared start, the prompts are left-padded and run
+    as one batch. Either way each prompt's last token sits in the last column, the only one whose
+    logits are kept, and positions come from the mask, so padding never shifts them.
+    """
+    shared = shared_prefix_length(prompts) if len(prompts) > 1 else 0
+    if shared < MIN_SHARED_PREFILL:
+        shared = 0
+    rests = [p[shared:] for p in prompts]
+    width = max(len(r) for r in rests)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+    mask[:, :shared] = 1
+    for i, r in enumerate(rests):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, shared + width - len(r) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    cache = None
+    if shared:
+        head = torch.tensor([prompts[0][:shared]], device=device)  # [1, S]
+        cache = model(
+            input_ids=head, use_cache=True, logits_to_keep=kept_positions(shared - 1, shared, device)
+        ).past_key_values
+        cache.reorder_cache(
+            torch.zeros(len(prompts), dtype=torch.long, device=device)
+        )  # [1, ...] -> [U, ...]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # [U, width]
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=kept_positions(width - 1, width, device),
+    )
+    return out.past_key_values, out.logits[:, -1, :].float(), mask
 
 
 def _row_hooks(p: SamplingParams, vocab: int) -> list[RowLogits]:

@@ -149,6 +149,42 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+def _call_pair(call: dict[str, Any]) -> tuple[Any, Any]:
+    fn = call.get("function", call) if isinstance(call, dict) else {}
+    return fn.get("name"), _maybe_json(fn.get("arguments", {}))
+
+
+def turn_problem(
+    fmt: ToolFormat, text: str, message: dict[str, Any], tools: list[dict[str, Any]] | None
+) -> str | None:
+    """Why `message` does not survive its own rendering, or None when it does.
+
+    `text` is the assistant turn as the chat template writes it (what a model trained on it learns
+    to sample). Parsed back with `fmt`, as the policy parses what it samples, it must give the
+    message's tool calls (names and arguments) and its content; otherwise a model that learned the
+    turn would not make the calls it shows.
+    """
+    parsed = fmt.parse(text, tools)
+    want = [_call_pair(c) for c in message.get("tool_calls") or []]
+    got = [_call_pair(c) for c in parsed.tool_calls]
+    names = [t.get("function", t).get("name") for t in tools or []]
+    for name, args in want:
+        if name not in names:
+            declared = ", ".join(map(str, names)) if names else "none"
+            return f"calls {name!r}, which is not one of the chat's tools ({declared})"
+        if not isinstance(args, dict):
+            return f"the arguments of its {name!r} call are not a JSON object"
+    if got != want:
+        return (
+            f"its text parses as {len(got)} tool call(s) {[n for n, _ in got]}, not the {len(want)} it holds "
+            f"{[n for n, _ in want]} (tool-call markup in its content?)"
+        )
+    content = _plain_content(message).strip()
+    if (parsed.content or "").strip() != content:
+        return f"its text parses back to the content {parsed.content!r}, not {content!r}"
+    return None
+
+
 TOOL_FORMATS: dict[str, type] = {"smollm2": SmolLM2ToolFormat, "template": TemplateToolFormat}
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from grooves.config import FastMode, LoraConfig
+from grooves.config import FastMode, LoraConfig, SamplerPrecision
 from grooves.models import resolve_model
 from grooves.policy import fast as speed
 from grooves.policy.adapters import PeftAdapters
@@ -136,6 +136,7 @@ class TransformersPolicy:
         attn_implementation: str = "sdpa",
         fast: FastMode | FastPaths = "on",
         base: SharedBase | None = None,
+        sampler_precision: SamplerPrecision = "float32",
     ):
         """`base`: a `SharedBase` to build on (its weights, device and lock) instead of loading `base_model`."""
         if base is not None:
@@ -170,7 +171,9 @@ class TransformersPolicy:
             eos_token_ids=self.prompts.eos_token_ids,
             generator=self.generator,
             lock=self.lock,
-            fast=FastSampling(self.fast_paths, model, own_adapter=self.adapters.own),
+            fast=FastSampling(
+                self.fast_paths, model, own_adapter=self.adapters.own, precision=sampler_precision
+            ),
         )
 
     @property

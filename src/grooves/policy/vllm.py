@@ -265,6 +265,7 @@ class VLLMPolicy:
         enforce_eager: bool = False,
         adapter_dir: str | Path | None = None,
         fast: FastMode | FastPaths = "on",
+        adapter_path: str | Path | None = None,
     ):
         try:
             from vllm import LLM
@@ -278,7 +279,9 @@ class VLLMPolicy:
         self.fast_paths = speed.fast_paths(fast)  # the training side's: vLLM samples with its own kernels
         speed.before_load(self.fast_paths, device)
         self.served_name = served_name or base_model
-        self.model, self.tokenizer = load_model(base_model, lora=lora, dtype=dtype, device=device)
+        self.model, self.tokenizer = load_model(
+            base_model, lora=lora, dtype=dtype, device=device, adapter_path=adapter_path
+        )
         self.trainable = True
         self.lock = threading.RLock()
         self.generator = torch.Generator().manual_seed(seed)

@@ -68,6 +68,9 @@ def report_page(
         f"final reward_mean {_fmt(last.get('reward_mean'))}</p>"
         f'<p class="badges" id="summary">{severity_badges(findings)}</p>'
     )
+    sparse = sparse_rewards_line(run.metrics)
+    if sparse:
+        summary += f'<p class="warning" id="sparse-rewards">{html.escape(sparse)}</p>'
     body = [summary, '<h2 id="findings">Watch findings</h2>', findings_table(findings)]
     body.append(
         '<h2 id="curves">Curves</h2><p class="muted">Vertical lines mark findings by number '
@@ -82,6 +85,29 @@ def report_page(
     config = html.escape(run.config_text) if run.config_text else "(no config.toml in the run directory)"
     body.append(f'<h2 id="config">Config</h2><pre class="config">{config}</pre>')
     return page(f"grooves report: {name}", "\n".join(body))
+
+
+def sparse_rewards_line(rows: Sequence[dict]) -> str | None:
+    """One sentence on equal-reward groups over a run (None when no step had any), from the
+    per-step `groups_zero_variance_fraction`, `sparse_rewards` and `refill_draws` metrics.
+
+    >>> sparse_rewards_line([{"groups_zero_variance_fraction": 1.0, "sparse_rewards": 1.0},
+    ...                      {"groups_zero_variance_fraction": 0.0, "sparse_rewards": 0.0}])
+    'Sparse rewards: 50% of groups had all-equal rewards (no gradient from them); 1 of 2 steps at or over rollout.zero_variance_warning.'
+    """
+    steps = [r for r in rows if "groups_zero_variance_fraction" in r]
+    if not steps or not any(r["groups_zero_variance_fraction"] > 0 for r in steps):
+        return None
+    mean = sum(r["groups_zero_variance_fraction"] for r in steps) / len(steps)
+    flagged = sum(r.get("sparse_rewards", 0.0) > 0 for r in steps)
+    line = (
+        f"Sparse rewards: {mean:.0%} of groups had all-equal rewards (no gradient from them); "
+        f"{flagged} of {len(steps)} steps at or over rollout.zero_variance_warning."
+    )
+    draws = sum(r.get("refill_draws", 0.0) for r in steps)
+    if draws:
+        line += f" rollout.refill_zero_variance drew {draws:.0f} extra scenarios."
+    return line
 
 
 def _samples_section(

@@ -171,6 +171,13 @@ class Service:
                     "model; leave it out or set it to that",
                     f"config.model.{field}",
                 )
+        if given.get("init_adapter") is not None:  # a path on this machine: maybe another tenant's folder
+            raise APIError(
+                400,
+                "config.model.init_adapter: a trainable model starts from a fresh adapter; the service reads no "
+                "folder a request names (create the model, then train or select its checkpoints)",
+                "config.model.init_adapter",
+            )
         data = {**sections, "model": {**given, **ours}}
         data.update(name=name, output_dir=str(run_dir))
         try:

@@ -46,6 +46,7 @@ from grooves.train.checkpoint import (
 from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
+from grooves.train.sparse import groups_with_signal
 from grooves.train.step import reward_stats, run_loss, train_step
 
 SERVICE_FILE = "service.json"
@@ -147,6 +148,7 @@ class HostedModel:
         step = self.step
         row = {
             "step": step,
+            "groups_with_signal": float(groups_with_signal([g for g in groups if len(g.ok) >= 2])),
             **reward_stats(groups),
             **stats,
             "lr": self.config.optim.lr,

@@ -4,6 +4,7 @@
         scenarios   <- next `groups_per_step` training scenarios (deterministic order, resumable)
         groups      <- `group_size` rollouts of each, through the OpenAI-compatible policy client
         rewards     <- set by the task's rollout, then by an optional group scorer (judges, gates)
+        refill      <- with `refill_zero_variance`, more scenarios while too few groups' rewards differ
         advantages  <- per group (GRPO / Dr. GRPO / RLOO); zero-variance groups are dropped
         sequences   <- token in, token out: sampled ids, sampled-token mask, sampling logprobs
         loss        <- PPO-clip / CISPO / GSPO (+ KL to the adapter-disabled base), micro-batched
@@ -16,8 +17,10 @@ that produced it (checked against the step, so stale weights can't go unnoticed)
 
 Metric keys written per step (metrics.jsonl):
   step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
-  groups_zero_variance_fraction, advantage_abs_mean, loss, policy_loss, kl_mean, clip_fraction,
-  ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs), token_entropy_mean, grad_norm,
+  groups_zero_variance_fraction, groups_with_signal, refill_draws, sparse_rewards (1 when the step's
+  share of equal-reward groups reached rollout.zero_variance_warning), advantage_abs_mean, loss,
+  policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
+  token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
@@ -31,13 +34,14 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from grooves.config import RunConfig, check_against_model, dump_config
+from grooves.config import ConfigError, RunConfig, check_against_model, dump_config
 from grooves.core.gather import RolloutFn, check_failures, gather
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import TrajectoryGroup
@@ -59,10 +63,13 @@ from grooves.train.checkpoint import (
 )
 from grooves.train.data import train_stream
 from grooves.train.distributed import DataParallel
+from grooves.train.judging import JudgeScorer
 from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw
 from grooves.train.pipeline import RolloutPipeline, VersionPins
 from grooves.train.runlog import RunFolderError, RunLog, check_run_dir, clear_run_outputs, lock_run_dir
+from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
+from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
 from grooves.train.step import reward_stats, run_loss, train_step
 from grooves.watch import Watch
 
@@ -113,12 +120,25 @@ async def run(
         run_dir = Path(config.output_dir)
         if dp.main:  # rank 0 holds the folder; every rank continues the checkpoint it picks
             closing.enter_context(lock_run_dir(run_dir))  # until the run ends: one trainer per folder
+        if dp.active and (config.sft is not None or config.rollout.refill_zero_variance):
+            raise ConfigError(
+                "[sft] and rollout.refill_zero_variance run in one process only; run them without torchrun"
+            )
+        # a run stopped during its [sft] stage has no RL checkpoint yet: --resume continues the stage
+        in_stage = resume and config.sft is not None and latest_checkpoint(run_dir) is None
         checkpoint = dp.on_main(
-            lambda: _checkpoint_to_resume(run_dir, resume, overwrite)
+            lambda: _checkpoint_to_resume(run_dir, resume and not in_stage, overwrite)
         )  # verified before the model loads
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+        if score is None and config.judge is not None:  # [judge]: checked now, before any weights load
+            judged = JudgeScorer(config.judge, seed=config.seed)
+            await judged.start()
+            closing.push_async_callback(judged.aclose)
+            score = judged
+        if config.sft is not None and checkpoint is None:  # supervised warm start, then RL from its adapter
+            config = await _sft_stage(config, task, run_dir, resume=in_stage, overwrite=overwrite)
 
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
         policy = build_policy(_on_device(config, dp.device(config.model.device)))
@@ -177,6 +197,7 @@ async def run(
         )
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
+        sparse = SparseRewardWarning(r.zero_variance_warning, say=_say)
         bar = closing.enter_context(_step_bar(config, state.step, enabled=dp.main))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
 
@@ -216,6 +237,30 @@ async def run(
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates (once, on rank 0)
             groups, score_metrics = await _score(score, groups, dp)
+            # dynamic sampling: more scenarios while too few groups have rewards that differ
+            refill_draws, scored = 0, [(score_metrics, len(groups))]
+            while r.refill_zero_variance and (
+                more := refill_count(
+                    r.groups_per_step, groups_with_signal(groups), refill_draws, r.max_refill_draws
+                )
+            ):
+                extra = await gather(
+                    rollouts.rollout,
+                    handle,
+                    [s for _, s in stream.take(more)],
+                    r.group_size,
+                    concurrency=r.concurrency,
+                    max_failure_fraction=r.max_failure_fraction,
+                    progress=config.logging.progress,
+                    description=f"step {step} refill",
+                    seed_key=(step, refill_draws),  # (step, draws before) never equals a first draw's (step,)
+                )
+                refill_draws += more
+                extra, extra_metrics = await _score(score, extra, dp)
+                scored.append((extra_metrics, len(extra)))
+                groups += extra
+            if refill_draws:
+                score_metrics = _merge_scored(scored)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             step_stats, _ = await _train_step(
@@ -223,8 +268,13 @@ async def run(
             )
             t_train = time.perf_counter()
 
+            counted = [g for g in groups if len(g.ok) >= 2]
+            flat = len(counted) - groups_with_signal(counted)
             metrics: dict[str, Any] = {
                 "step": step,
+                "refill_draws": float(refill_draws),
+                "groups_with_signal": float(len(counted) - flat),
+                "sparse_rewards": float(sparse.observe(step, flat, len(counted), r.refill_zero_variance)),
                 **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
@@ -250,7 +300,8 @@ async def run(
             metrics["seconds_step"] = time.perf_counter() - t0
 
             # the run folder (rank 0): metrics, samples, checkpoint, reward curve
-            state = TrainState(step=step, data_position=ahead.position(step))
+            position = ahead.position(step)  # refills (max_staleness 0 only) drew after it
+            state = TrainState(step=step, data_position=stream.position if refill_draws else position)
             pause = watch is not None and watch.should_pause
             if log is not None:
                 extra = pins.checkpoint_versions(step, config.steps) if pins is not None else None
@@ -285,6 +336,45 @@ async def run(
         if dp.main:
             write_report(run_dir)
         return run_dir
+
+
+async def _sft_stage(
+    config: RunConfig, task: Task, run_dir: Path, *, resume: bool, overwrite: bool
+) -> RunConfig:
+    """Run the `[sft]` stage into `<run_dir>/sft`; returns the config with RL starting from its adapter.
+
+    The stage's folder follows the run's rules: an earlier stage's checkpoints are continued with
+    `resume`, deleted with `overwrite`, else the start is refused. A chat that demonstrates one
+    of the task's validation scenarios, or that the policy could not be trained on, is refused
+    as a `ConfigError` naming `sft.data` and the line."""
+    folder = run_dir / "sft"
+    if folder.exists() and not resume:
+        if any((folder / "checkpoints").glob("step_*")) and not overwrite:
+            raise RunFolderError(
+                f"{folder} holds an earlier [sft] stage; continue it with --resume, replace it with --overwrite, "
+                "or set another output_dir"
+            )
+        shutil.rmtree(folder)
+    if resume and latest_checkpoint(folder) is None:
+        raise RunFolderError(
+            f"--resume: no checkpoint in {run_dir / 'checkpoints'} or {folder / 'checkpoints'}; start without --resume"
+        )
+    stage = config.sft
+    try:
+        overlap = validation_overlap(read_chats(stage.data), list(task.scenarios("validation")))
+    except (ChatError, OSError) as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    if overlap:
+        raise ConfigError(
+            f"sft.data: {stage.data} {overlap}; demonstrations come from the train split "
+            "(grooves env demos NAME --split train)"
+        )
+    _say(f"[sft] stage: {stage.data} -> {folder}")
+    try:
+        await run_sft(stage_config(config, folder), resume=resume)
+    except ChatError as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    return config.model_copy(update={"model": config.model.model_copy(update={"init_adapter": str(folder)})})
 
 
 def _on_device(config: RunConfig, device: str) -> RunConfig:
@@ -426,6 +516,22 @@ def _watch_history(log: RunLog, upto: int) -> Iterator[tuple[int, dict[str, Any]
             continue
         metrics = {k: v for k, v in row.items() if not k.startswith("watch/") and k != "seconds_step"}
         yield step, metrics, log.step_samples(step) or []
+
+
+def _merge_scored(scored: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """One step's scorer metrics from its batches (the first draw, then each refill): counts and
+    seconds add up; means and fractions are averaged weighted by each batch's groups."""
+    if len(scored) <= 1:
+        return scored[0][0] if scored else {}
+    total = sum(n for _, n in scored)
+    out: dict[str, float] = {}
+    for key in {k for m, _ in scored for k in m}:
+        values = [(m[key], n) for m, n in scored if key in m]
+        if key.endswith(("_mean", "_coverage", "_fraction", "_rate")):
+            out[key] = sum(v * n for v, n in values) / max(sum(n for _, n in values), 1)
+        else:
+            out[key] = sum(v for v, _ in values)
+    return out if total else {}
 
 
 def _as_metrics(result: Any) -> dict[str, float]:

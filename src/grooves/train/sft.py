@@ -18,8 +18,8 @@ are context. This is the sequence the RL sampler records for the same conversati
 encoded on its own, the end-of-turn token sampled as one id), so an SFT adapter and an RL adapter
 are trained on the same token layout. A template that rewrites earlier turns is refused.
 
-Training reuses the RL path: sequences are packed by `core.tokenize.pack_batches`, logprobs come
-from `core.forward.token_logprobs`, the step's span is RL's (`train.step.gradient_step`),
+Training reuses the RL path: sequences are batched by `core.batching.micro_batches` (the chats'
+common system prompt and tool list run once per micro-batch), logprobs come from `core.forward`, the step's span is RL's (`train.step.gradient_step`),
 checkpoints come from `train.checkpoint.save_checkpoint` (so `grooves export`,
 `grooves serve --adapter`, `grooves adapters list` and the registry treat an SFT run like an RL
 run), and an optional task validates the adapter the same way `grooves train` does.
@@ -37,15 +37,19 @@ from typing import Any
 
 import torch
 
-from grooves.config.base import dump
-from grooves.config.sft import SftConfig
-from grooves.core.forward import token_logprobs
+from grooves.config.base import ConfigError, dump
+from grooves.config.check import init_adapter_problem
+from grooves.config.run import RunConfig
+from grooves.config.sft import SftConfig, SftLoggingConfig, SftOptimConfig
+from grooves.core.batching import micro_batches
+from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.gather import gather
 from grooves.core.handle import ModelHandle
-from grooves.core.tokenize import TrainSequence, pack_batches
+from grooves.core.tokenize import TrainSequence
 from grooves.policy import policy_for
 from grooves.policy.base import Policy
 from grooves.policy.prompts import PromptState
+from grooves.policy.tool_format import turn_problem
 from grooves.serve.app import inprocess_client
 from grooves.tasks import load_task
 from grooves.train.checkpoint import (
@@ -82,7 +86,14 @@ def read_chats(path: str | Path) -> list[dict[str, Any]]:
             raise ChatError(f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
         if not any(m["role"] == "assistant" for m in messages):
             raise ChatError(f"{where}: no assistant message, so nothing to train on")
-        chats.append({"messages": messages, "tools": chat.get("tools")})
+        chats.append(
+            {
+                "messages": messages,
+                "tools": chat.get("tools"),
+                "line": lineno,
+                "scenario_id": chat.get("scenario_id"),
+            }
+        )
     if not chats:
         raise ChatError(f"{path}: no chats")
     return chats
@@ -94,16 +105,24 @@ def chat_to_sequence(
     """One chat as ids + a mask that is True exactly on assistant content and end-of-turn tokens.
 
     The text is the policy's own rendering (`PromptState.template_text` and `encode`, as the sampler
-    renders prompts), so control-token text inside a message stays text here too."""
+    renders prompts), so control-token text inside a message stays text here too. Each assistant
+    turn must parse back, with the policy's tool format, to the tool calls and content it holds
+    (`tool_format.turn_problem`); a turn that does not is refused with its place in `where`."""
     tokenizer, guard = prompts.tokenizer, prompts.guard
     eos_texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in prompts.eos_token_ids}
     ids: list[int] = []
     mask: list[bool] = []
     consumed = ""  # the template text already turned into ids
     prompt_len = None
+    turn = 0
     for k, message in enumerate(messages):
         if message.get("role") != "assistant":
+            if message.get("tool_calls"):
+                raise ChatError(
+                    f"{where}, message {k}: a {message.get('role')} message with tool_calls; only assistant turns call tools"
+                )
             continue
+        turn += 1
         prompt = prompts.template_text(messages[:k], tools, add_generation_prompt=True)
         upto = prompts.template_text(messages[: k + 1], tools, add_generation_prompt=False)
         if not prompt.startswith(consumed) or not upto.startswith(prompt):
@@ -117,6 +136,9 @@ def chat_to_sequence(
                 f"{where}, message {k}: the template wrote no end-of-turn token {sorted(eos_texts.values())} after it"
             )
         end, eos_id = min(ends)
+        problem = turn_problem(prompts.tool_format, guard.unmark(upto[len(prompt) : end]), message, tools)
+        if problem:
+            raise ChatError(f"{where}: assistant turn {turn} (message {k}): {problem}")
         context, content = prompts.encode(prompt[len(consumed) :]), prompts.encode(upto[len(prompt) : end])
         prompt_len = len(ids) + len(context) if prompt_len is None else prompt_len
         ids += context + content + [eos_id]
@@ -133,12 +155,15 @@ def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftCo
     earlier caller left in `.grad` are zeroed first."""
     opt = config.optim
     num_tokens = sum(s.num_sampled for s in seqs)
-    batches = pack_batches(seqs, opt.micro_batch_tokens, pad_token_id=policy.tokenizer.pad_token_id or 0)
+    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
     nll_sum = 0.0
     params = [p for p in policy.model.parameters() if p.requires_grad]
     with gradient_step(policy, optimizer) as model:
-        for batch in batches:
-            lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
+        for batch, prefix_len in batches:
+            if prefix_len:  # the chats' common start (system prompt, tools) once
+                lp, _ = shared_prefix_logprobs(model, batch, prefix_len, 1.0)  # [B, T]
+            else:
+                lp, _ = token_logprobs(model, batch, 1.0)  # [B, T]
             mask = batch.sampled_mask.to(lp.device)  # [B, T]
             loss = -(lp * mask).sum() / num_tokens  # this micro-batch's share of the step's token mean
             loss.backward()
@@ -180,8 +205,8 @@ def _policy(config: SftConfig) -> Policy:
 def load_sequences(path: str | Path, policy: Policy) -> list[TrainSequence]:
     """The chats of a JSONL file as training sequences, rendered as `policy` renders prompts."""
     return [
-        chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path} chat {i}")
-        for i, c in enumerate(read_chats(path))
+        chat_to_sequence(policy.prompts, c["messages"], c["tools"], where=f"{path}:{c['line']}")
+        for c in read_chats(path)
     ]
 
 
@@ -214,6 +239,9 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
     from tqdm.auto import tqdm
 
+    problem = init_adapter_problem(config)  # another base model or LoRA shape: one line, before loading
+    if problem:
+        raise ConfigError(problem)
     run_dir = Path(config.output_dir)
     log = RunLog(run_dir)
     config_toml = dump(config)
@@ -277,3 +305,50 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
 def sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Synchronous entry point: `grooves.train.sft.sft(load_sft_config("sft.toml"))`."""
     return asyncio.run(run_sft(config, resume=resume))
+
+
+# ---- the [sft] stage of an RL run file ---------------------------------------------------------
+def stage_config(config: RunConfig, folder: Path) -> SftConfig:
+    """The `grooves sft` config of a run file's `[sft]` stage: its data and steps, the run's
+    `[model]` and `[lora]` (so RL can continue the adapter), seed, micro-batching and logging."""
+    stage, opt = config.sft, config.optim
+    if stage is None:
+        raise ValueError("the run file has no [sft] section")
+    return SftConfig(
+        name=f"{config.name}-sft",
+        output_dir=str(folder),
+        seed=config.seed,
+        data=stage.data,
+        batch_size=stage.batch_size,
+        epochs=stage.epochs,
+        steps=stage.steps,
+        model=config.model,
+        lora=config.lora,
+        optim=SftOptimConfig(
+            lr=stage.lr,
+            betas=opt.betas,
+            grad_clip=opt.grad_clip,
+            **({"micro_batch_tokens": opt.micro_batch_tokens} if opt.micro_batch_tokens else {}),
+            share_prefix=opt.share_prefix,
+            packing=opt.packing,
+        ),
+        logging=SftLoggingConfig(checkpoint_every=stage.checkpoint_every, progress=config.logging.progress),
+    )
+
+
+def validation_overlap(chats: list[dict[str, Any]], validation: list[dict[str, Any]]) -> str | None:
+    """Where a chat demonstrates a validation scenario (by its `scenario_id` or its user request),
+    as `line N: ...`; None when none does. Training on validation scenarios would make validation
+    measure recall instead of what was learned."""
+    ids = {str(s["id"]): s for s in validation if s.get("id") is not None}
+    prompts = {s["prompt"]: s for s in validation if isinstance(s.get("prompt"), str)}
+    for chat in chats:
+        hit = ids.get(str(chat.get("scenario_id"))) if chat.get("scenario_id") is not None else None
+        for m in chat["messages"]:
+            if hit is None and m.get("role") == "user" and m.get("content") in prompts:
+                hit = prompts[m["content"]]
+        if hit is not None:
+            return (
+                f"line {chat['line']}: demonstrates validation scenario {hit.get('id', hit.get('prompt'))!r}"
+            )
+    return None

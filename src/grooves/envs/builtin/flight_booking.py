@@ -426,7 +426,8 @@ def grade(g: GradeInput) -> Grade:
 
 
 def gold(sc: Scenario, call: Call) -> str:
-    """Map cities to codes, search, pick by the request, hold and confirm; quote before changing."""
+    """Map cities to codes, search, pick by the request, hold and confirm; quote before changing.
+    Every id and code it passes to a tool was shown to it first (in the request or a tool result)."""
     exp = sc["expected"]
     me = call("find_passenger", {"email": sc["email"]})
     if exp["kind"] == "change":
@@ -439,12 +440,26 @@ def gold(sc: Scenario, call: Call) -> str:
         quote = call("quote_change", {"booking_id": b["id"], "new_flight_id": best["id"]})
         limit = sc["prompt"].rsplit("at most ", 1)[1].split(" in total")[0]
         if "error" in quote:
-            return f"Sorry, booking {b['id']} is a basic fare and cannot be changed."
+            return call.say(
+                f"Sorry, booking {b['id']} is a basic fare and cannot be changed.",
+                f"Booking {b['id']} cannot be moved: basic fares cannot be changed.",
+            )
         if _dollars(quote["change_cost"]) > _dollars(limit):
-            return f"Moving booking {b['id']} would cost {quote['change_cost']}, more than your limit of {limit}."
+            return call.say(
+                f"Moving booking {b['id']} would cost {quote['change_cost']}, more than your limit of {limit}.",
+                f"I did not change booking {b['id']}: the change costs {quote['change_cost']}, over your limit of {limit}.",
+            )
         call("change_booking", {"booking_id": b["id"], "new_flight_id": best["id"]})
-        return f"Booking {b['id']} is now on {best['id']} for {quote['change_cost']}."
-    origin, dest, day = exp["route"]
+        return call.say(
+            f"Booking {b['id']} is now on {best['id']} for {quote['change_cost']}.",
+            f"Done: booking {b['id']} moved to flight {best['id']}, costing {quote['change_cost']}.",
+        )
+    codes = {a["city"]: a["code"] for a in call("list_airports", {})["airports"]}
+    cities = sc["prompt"].split(" from ", 1)[1].split(" on day ", 1)[0].split(" to ")
+    origin, dest, day = codes[cities[0]], codes[cities[1]], exp["route"][2]
+    assert [origin, dest] == exp["route"][:2], (
+        f"the request names {cities}, the scenario flies {exp['route']}"
+    )
     flights = [
         f
         for f in call("search_flights", {"origin": origin, "destination": dest, "day": day})["flights"]
@@ -453,7 +468,11 @@ def gold(sc: Scenario, call: Call) -> str:
     pick = min(flights, key=lambda f: _dollars(f["price"])) if exp["kind"] == "cheapest" else flights[0]
     held = call("hold_seat", {"flight_id": pick["id"], "passenger_id": me["id"]})
     call("confirm_booking", {"booking_id": held["held"]})
-    return f"You're booked on {pick['id']}: booking {held['held']}."
+    return call.say(
+        f"You're booked on {pick['id']}: booking {held['held']}.",
+        f"Booked: flight {pick['id']}, booking {held['held']}.",
+        f"Your booking {held['held']} on flight {pick['id']} is confirmed.",
+    )
 
 
 def _dollars(text: str) -> float:

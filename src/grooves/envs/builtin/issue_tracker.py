@@ -339,7 +339,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
     users = conn.execute("SELECT id, name FROM users ORDER BY id").fetchall()
     unused = sorted(set(_all_titles()) - {i["title"] for i in issues})
     out: list[Scenario] = []
-    for _ in range(count):
+    while len(out) < count:  # distinct requests: none in validation is also a train request
         kind = rng.choice(["file_blocker", "reassign", "close", "duplicate"])
         target = rng.choice([i for i in issues if i["status"] != "done"])
         if kind == "file_blocker":
@@ -369,6 +369,8 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 "of that issue and move it to done."
             )
             exp = {"original": original["key"]}
+        if any(sc["prompt"] == prompt for sc in out):
+            continue
         out.append(
             {
                 "prompt": prompt,
@@ -447,7 +449,8 @@ def _find(call: Call, title: str) -> dict[str, Any]:
 
 
 def gold(sc: Scenario, call: Call) -> str:
-    """Search by the exact title, make the requested changes, walk the workflow, confirm."""
+    """Search by the exact title, make the requested changes, walk the workflow, confirm. Every key
+    and user id it passes to a tool was shown to it first by a search."""
     exp = sc["expected"]
     issue = _find(call, sc["title"])
     key = issue["key"]
@@ -462,17 +465,27 @@ def gold(sc: Scenario, call: Call) -> str:
             },
         )["created"]
         call("link_issues", {"from_key": made, "kind": "blocks", "to_key": key})
-        return f"Created {made} and marked it as blocking {key}."
+        return call.say(
+            f"Created {made} and marked it as blocking {key}.",
+            f"{made} is filed and now blocks {key}.",
+            f"Done: {made} was created and it blocks {key}.",
+        )
     if exp["kind"] == "reassign":
         name = sc["prompt"].split(" to ", 1)[1].split(" and set", 1)[0]
         uid = call("find_user", {"name": name})["users"][0]["id"]
         call("update_issue", {"key": key, "assignee": uid, "priority": exp["priority"]})
-        return f"{key} is now assigned to {name} with {exp['priority']} priority."
+        prio = exp["priority"]
+        return call.say(
+            f"{key} is now assigned to {name} with {prio} priority.",
+            f"Done: {key} goes to {name}, priority {prio}.",
+            f"I assigned {key} to {name} and set it to {prio}.",
+        )
     if exp["kind"] == "duplicate":
-        call("link_issues", {"from_key": key, "kind": "duplicates", "to_key": exp["original"]})
-    for status in PATH_TO_DONE[call("get_issue", {"key": key})["status"]]:
+        original = _find(call, sc["prompt"].split('"')[3])["key"]
+        call("link_issues", {"from_key": key, "kind": "duplicates", "to_key": original})
+    for status in PATH_TO_DONE[issue["status"]]:  # the search result shows its status
         call("transition_issue", {"key": key, "status": status})
-    return f"{key} is done."
+    return call.say(f"{key} is done.", f"Moved {key} to done.", f"{key} is now closed (done).")
 
 
 def bad(sc: Scenario) -> list[Solver]:

@@ -348,7 +348,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 (order_id, cname, email, product, facts, blocker)
             )
     out: list[Scenario] = []
-    for _ in range(count):
+    while len(out) < count:  # distinct requests: none in validation is also a train request
         kind = rng.choices(["refund", "replace", "question"], [2, 2, 1])[0]
         if kind == "question":
             name, stock, warranty, pid = rng.choice(products)
@@ -358,6 +358,8 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 if field == "stock"
                 else "What is the warranty period, in days, of the {}?"
             )
+            if any(sc["prompt"] == ask.format(name) for sc in out):
+                continue
             out.append(
                 {
                     "prompt": ask.format(name),
@@ -380,6 +382,8 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
             else f"Hi, {cname} here, email {email}. The {product} I ordered arrived broken. "
             "Can you send me a replacement?"
         )
+        if any(sc["prompt"] == ask for sc in out):
+            continue
         out.append(
             {
                 "prompt": ask,
@@ -485,8 +489,17 @@ def gold(sc: Scenario, call: Call) -> str:
     if exp["kind"] == "question":
         found = call("search_products", {"query": sc["product"]})["products"][0]
         p = call("get_product", {"product_id": found["id"]})
-        return f"The {p['name']} has {p[exp['field']]} " + (
-            "units in stock." if exp["field"] == "stock" else "days of warranty."
+        name, n = p["name"], p[exp["field"]]
+        if exp["field"] == "stock":
+            return call.say(
+                f"The {name} has {n} units in stock.",
+                f"We have {n} units of the {name} in stock right now.",
+                f"There are {n} units of the {name} in stock.",
+            )
+        return call.say(
+            f"The {name} has {n} days of warranty.",
+            f"The warranty period of the {name} is {n} days.",
+            f"The {name} comes with a {n}-day warranty.",
         )
     customer = call("find_customer", {"email": sc["email"]})
     orders = call("list_orders", {"customer_id": customer["id"]})["orders"]
@@ -502,12 +515,29 @@ def gold(sc: Scenario, call: Call) -> str:
             "warranty": "it is past its warranty",
             "out_of_stock": "the product is out of stock",
         }[blocker]
-        return f"I'm sorry, I can't do that for order {oid}: {why}."
+        verb = "refund" if exp["kind"] == "refund" else "replace"
+        return call.say(
+            f"I'm sorry, I can't do that for order {oid}: {why}.",
+            f"Unfortunately I cannot {verb} order {oid}, because {why}.",
+            f"I'm unable to {verb} order {oid}: {why}.",
+        )
     if exp["kind"] == "refund":
-        done = call("refund_order", {"order_id": oid, "reason": "customer request"})
-        return f"I refunded order {oid}: {done['amount']} is on its way back to you."
-    call("replace_order", {"order_id": oid, "reason": "arrived broken"})
-    return f"A replacement for order {oid} is on its way."
+        done = call(
+            "refund_order",
+            {"order_id": oid, "reason": call.say("customer request", "requested by the customer")},
+        )
+        amount = done["amount"]
+        return call.say(
+            f"I refunded order {oid}: {amount} is on its way back to you.",
+            f"Order {oid} is refunded; {amount} will be returned to you.",
+            f"Done: I have refunded {amount} for order {oid}.",
+        )
+    call("replace_order", {"order_id": oid, "reason": call.say("arrived broken", "damaged on arrival")})
+    return call.say(
+        f"A replacement for order {oid} is on its way.",
+        f"I've sent a replacement for order {oid}.",
+        f"Order {oid} will be replaced; the new item ships today.",
+    )
 
 
 def bad(sc: Scenario) -> list[Solver]:

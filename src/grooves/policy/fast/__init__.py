@@ -3,6 +3,8 @@
 Each path computes the same function as plain transformers + peft, in fewer or larger operations:
 
 - fused decode (`decode.py`): Llama/Qwen2 decode steps on a lean forward of our own;
+- packed decode (`kernels.py`): that forward's matmuls on oneDNN with weights prepacked once,
+  instead of MKL's sgemm, which reads the weights far below the memory bandwidth at a few rows;
 - folded LoRA (`merged.py`): sampling on W + s B A, one matmul per layer instead of three;
 - allocator reuse (`allocator.py`): glibc keeps the big blocks torch frees for reuse;
 - LoRA addmm (`lora_addmm.py`): training's LoRA layers as one `addmm` each;
@@ -19,6 +21,10 @@ Each path computes the same function as plain transformers + peft, in fewer or l
 - "off": plain transformers + peft: transformers' forward for every decode step, peft's LoRA
   layers for sampling and training, glibc's malloc defaults.
 
+`model.sampler_precision` ("int8", "bfloat16") is not one of these: it samples a different function
+(int8 or bfloat16 base weights, `kernels.LowPrecisionKernels`) on the fused decode, and the trainer corrects for it
+(`algorithm.tis_cap`). It is chosen here too, with the paths it needs.
+
 The sampler (`policy.sampling.Sampler`) and the policy's training phase ask this module what to
 use; nothing else in grooves imports a speed module. docs/speed.md measures each path.
 """
@@ -31,9 +37,17 @@ from typing import get_args
 
 import torch
 
-from grooves.config import FastMode
+from grooves.config import FastMode, SamplerPrecision
 from grooves.policy.fast import allocator
-from grooves.policy.fast.decode import MatmulPlan, decoder_for
+from grooves.policy.fast.decode import MatmulPlan, decoder_for, supports
+from grooves.policy.fast.kernels import (
+    LowPrecisionKernels,
+    PackedKernels,
+    PlainKernels,
+    low_precision_problem,
+    onednn_available,
+    version_stamp,
+)
 from grooves.policy.fast.lora_addmm import addmm_lora
 from grooves.policy.fast.merged import MergedWeights
 from grooves.policy.fast.output_head import PlannedHead
@@ -45,6 +59,7 @@ class FastPaths:
     benchmarks build others (e.g. `timed_blocks`, which no mode turns on) to measure them."""
 
     fused_decode: bool = True
+    packed_decode: bool = True
     fold_lora: bool = True
     reuse_freed_memory: bool = True
     lora_addmm: bool = True
@@ -55,7 +70,9 @@ class FastPaths:
 MODES: dict[str, FastPaths] = {
     "on": FastPaths(),
     "timed": FastPaths(timed_head=True),
-    "off": FastPaths(fused_decode=False, fold_lora=False, reuse_freed_memory=False, lora_addmm=False),
+    "off": FastPaths(
+        fused_decode=False, packed_decode=False, fold_lora=False, reuse_freed_memory=False, lora_addmm=False
+    ),
 }
 
 
@@ -79,18 +96,53 @@ def training(paths: FastPaths, model: torch.nn.Module) -> contextlib.AbstractCon
     return addmm_lora(model) if paths.lora_addmm else contextlib.nullcontext()
 
 
+def sampler_problem(precision: SamplerPrecision, paths: FastPaths, model: torch.nn.Module) -> str | None:
+    """Why `model.sampler_precision = precision` cannot sample `model` with these paths; None if it can."""
+    if precision == "float32":
+        return None
+    if not paths.fused_decode:
+        return 'it runs on the fused decode forward, which model.fast = "off" turns off'
+    if not supports(model):
+        kind = getattr(getattr(model, "config", None), "model_type", "?")
+        sliding = " with sliding-window layers" if kind in ("llama", "qwen2") else ""
+        return f"it samples llama and qwen2 models with full attention, and this one is {kind}{sliding}"
+    return low_precision_problem(precision, model)
+
+
 class FastSampling:
     """The sampling speed paths of one policy, with what they keep between batches: the folded
-    weights, and the forms timing chose."""
+    weights, the packed or quantized weights, and the forms timing chose."""
 
-    def __init__(self, paths: FastPaths, model: torch.nn.Module, *, own_adapter: bool):
+    def __init__(
+        self,
+        paths: FastPaths,
+        model: torch.nn.Module,
+        *,
+        own_adapter: bool,
+        precision: SamplerPrecision = "float32",
+    ):
+        problem = sampler_problem(precision, paths, model)
+        if problem is not None:
+            raise ValueError(f'model.sampler_precision = "{precision}": {problem}; use "float32"')
         self.paths = paths
-        self.merged = MergedWeights(model) if paths.fold_lora and own_adapter else None
+        self.precision = precision
+        fold = paths.fold_lora and own_adapter and precision == "float32"
+        self.merged = MergedWeights(model) if fold else None
         """The own adapter folded into copies of the base weights (see `merged.py`); None: peft's layers."""
         self.head = PlannedHead() if paths.timed_head else None
         """The output head's matmul form per decode row count, timed once (see `output_head.py`); None: `x W^T`."""
         self.plan = MatmulPlan() if paths.timed_blocks else None
         """The fused forward's matmul forms per row count, timed on decode steps; None: `x W^T`, untimed."""
+        self.kernels = self._kernels(model)
+        """What runs the fused forward's matmuls (see `kernels.py`); it keeps its packed weights."""
+
+    def _kernels(self, model: torch.nn.Module):
+        if self.precision != "float32":
+            return LowPrecisionKernels(self.precision)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if self.paths.packed_decode and not self.paths.timed_blocks and on_cpu and onednn_available():
+            return PackedKernels(self.merged.stamp if self.merged is not None else version_stamp)
+        return PlainKernels()
 
     @property
     def folded(self) -> bool:
@@ -105,4 +157,6 @@ class FastSampling:
 
     def decoder(self, model, cache, mask: torch.Tensor, capacity: int):
         """The decode steps after a prefill (see `policy.sampling.sample`)."""
-        return decoder_for(model, cache, mask, capacity, fused=self.paths.fused_decode, plan=self.plan)
+        return decoder_for(
+            model, cache, mask, capacity, fused=self.paths.fused_decode, plan=self.plan, kernels=self.kernels
+        )

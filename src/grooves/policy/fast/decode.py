@@ -25,20 +25,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grooves.policy.fast.kernels import PlainKernels, Runner
 from grooves.policy.sampling import TransformersDecode
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
 def decoder_for(
-    model, cache, mask: torch.Tensor, capacity: int, *, fused: bool = True, plan: MatmulPlan | None = None
+    model,
+    cache,
+    mask: torch.Tensor,
+    capacity: int,
+    *,
+    fused: bool = True,
+    plan: MatmulPlan | None = None,
+    kernels=None,
 ):
     """The decode steps to run after a prefill that left `cache` and `mask` [R, P]; `capacity`
-    bounds the sequence length (prompt width + the most new tokens any row may take)."""
+    bounds the sequence length (prompt width + the most new tokens any row may take). `kernels`
+    runs the fused forward's matmuls (`policy/fast/kernels.py`; default `PlainKernels`)."""
     if fused:
-        blocks = _blocks_of(model)
+        blocks = _blocks_of(model, kernels or PlainKernels())
         if blocks is not None:
-            return FusedDecode(model, blocks, cache, mask, capacity, plan)
+            return FusedDecode(model, blocks, cache, mask, capacity, plan, kernels)
     return TransformersDecode(model, cache, mask)
 
 
@@ -87,44 +96,22 @@ class MatmulPlan:
 # ---- the lean forward ------------------------------------------------------------------------
 
 
-class _Linear:
-    """`y = x W^T + b` from the effective weight of a linear layer, or the layer itself where it has none."""
-
-    def __init__(self, module: nn.Module):
-        plain = _plain_linear(module)
-        self.module = module if plain is None else None
-        self.weight, self.bias = plain if plain is not None else (None, None)
-
-    def __call__(self, x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
-        if self.module is not None:
-            return self.module(x)
-        return _matmul(x, self.weight, self.bias, transposed)
-
-
 class _Projections:
-    """Several linear layers on the same input: one matmul when their weights are rows of one buffer."""
+    """Linear layers on the same input: one kernel call for the group where the kernels can run
+    it, else each layer on its own (a kernel call, or the module itself, e.g. an active peft LoRA)."""
 
-    def __init__(self, modules: list[nn.Module]):
-        self.parts = [_Linear(m) for m in modules]
-        self.sizes = [int(m.out_features) for m in modules]
-        self.fused = (
-            _fused_weight([p.weight for p in self.parts])
-            if all(p.module is None for p in self.parts)
-            else None
-        )
-        self.fused_bias = None
-        if self.fused is not None and any(p.bias is not None for p in self.parts):
-            self.fused_bias = torch.cat(
-                [
-                    p.bias if p.bias is not None else p.weight.new_zeros(n)
-                    for p, n in zip(self.parts, self.sizes, strict=True)
-                ]
-            )
+    def __init__(self, modules: list[nn.Module], kernels):
+        self.sizes = [int(m.weight.shape[0]) for m in modules]  # out_features
+        self.fused: Runner | None = kernels.group(modules)
+        self.parts: list[Runner | nn.Module] = []
+        if self.fused is None:
+            self.parts = [kernels.group([m]) or m for m in modules]
 
     def __call__(self, x: torch.Tensor, transposed: bool = False) -> list[torch.Tensor]:
         if self.fused is not None:
-            return list(_matmul(x, self.fused, self.fused_bias, transposed).split(self.sizes, dim=-1))
-        return [p(x, transposed) for p in self.parts]
+            y = self.fused(x, transposed)
+            return list(y.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [y]
+        return [p(x) if isinstance(p, nn.Module) else p(x, transposed) for p in self.parts]
 
 
 class _Norm:
@@ -146,10 +133,10 @@ class _Norm:
 class _Block:
     norm1: _Norm
     qkv: _Projections
-    o: _Linear
+    o: _Projections
     norm2: _Norm
     gate_up: _Projections
-    down: _Linear
+    down: _Projections
     act: nn.Module
     heads: int
     kv_heads: int
@@ -162,17 +149,27 @@ def _base(model) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _blocks_of(model) -> list[_Block] | None:
+def supports(model) -> bool:
+    """The fused forward runs this model (Llama/Qwen2 with full attention in every layer)."""
+    base = _base(model)
+    if base.config.model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    if any(t != "full_attention" for t in getattr(base.config, "layer_types", None) or []):
+        return False  # sliding-window layers: left to transformers' masks
+    inner = getattr(base, "model", None)
+    return inner is not None and all(
+        hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")
+    )
+
+
+def _blocks_of(model, kernels=None) -> list[_Block] | None:
     """The blocks of a supported model, read for this batch's weights; None if the model is not one."""
+    kernels = kernels or PlainKernels()
     base = _base(model)
     config = base.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES or base.training:
+    if not supports(model) or base.training:
         return None
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return None  # sliding-window layers: left to transformers' masks
-    inner = getattr(base, "model", None)
-    if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")):
-        return None
+    inner = base.model
     blocks = []
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -182,11 +179,11 @@ def _blocks_of(model) -> list[_Block] | None:
         blocks.append(
             _Block(
                 norm1=_Norm(layer.input_layernorm),
-                qkv=_Projections([attn.q_proj, attn.k_proj, attn.v_proj]),
-                o=_Linear(attn.o_proj),
+                qkv=_Projections([attn.q_proj, attn.k_proj, attn.v_proj], kernels),
+                o=_Projections([attn.o_proj], kernels),
                 norm2=_Norm(layer.post_attention_layernorm),
-                gate_up=_Projections([mlp.gate_proj, mlp.up_proj]),
-                down=_Linear(mlp.down_proj),
+                gate_up=_Projections([mlp.gate_proj, mlp.up_proj], kernels),
+                down=_Projections([mlp.down_proj], kernels),
                 act=mlp.act_fn,
                 heads=heads,
                 kv_heads=config.num_key_value_heads,
@@ -208,6 +205,7 @@ class FusedDecode:
         mask: torch.Tensor,
         capacity: int,
         plan: MatmulPlan | None = None,
+        kernels=None,
     ):
         base = _base(model)
         self.blocks = blocks
@@ -216,7 +214,11 @@ class FusedDecode:
         )  # host timers cannot time asynchronous GPU kernels
         self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
         self.rotary = base.model.rotary_emb
-        self.head = model.get_output_embeddings()  # a `PlannedLinear` while the policy samples
+        head = model.get_output_embeddings()  # a `PlannedLinear` while a timed head samples
+        self.head = _Projections([head], kernels) if kernels is not None else None
+        """The output head through the kernels; None: called as the module (`PlainKernels` is
+        `F.linear` either way, and a timed head keeps its own form)."""
+        self.head_module = head
         rows, width = mask.shape
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -270,11 +272,17 @@ class FusedDecode:
                 scale=b.scaling,
                 enable_gqa=b.heads != b.kv_heads,
             )
-            h = h + b.o(a.transpose(1, 2).reshape(rows, 1, b.heads * b.head_dim), transposed)
+            (o,) = b.o(a.transpose(1, 2).reshape(rows, 1, b.heads * b.head_dim), transposed)
+            h = h + o
             gate, up = b.gate_up(b.norm2(h), transposed)
-            h = h + b.down(b.act(gate) * up, transposed)
+            (down,) = b.down(b.act(gate) * up, transposed)
+            h = h + down
         self.length += 1
-        return self.head(self.norm(h))[:, 0].float()
+        h = self.norm(h)
+        logits = (
+            self.head(h)[0] if self.head is not None else self.head_module(h)
+        )  # the head's own form, untimed
+        return logits[:, 0].float()
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only these rows (finished rows leave the batch)."""
@@ -284,52 +292,6 @@ class FusedDecode:
             self.bias = self.bias.index_select(0, index)
 
 
-def _matmul(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
-) -> torch.Tensor:
-    """`x W^T + b` for x [R, 1, in], either as that or as `(W x^T)^T` (the same product, another BLAS kernel)."""
-    if not transposed:
-        return F.linear(x, weight, bias)
-    rows = x.shape[0]
-    xt = x.reshape(rows, x.shape[-1]).t()
-    y = torch.mm(weight, xt) if bias is None else torch.addmm(bias[:, None], weight, xt)  # [out, R]
-    return y.t().reshape(rows, 1, weight.shape[0])
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
-
-
-def _plain_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(weight, bias) that `module` computes `x W^T + b` with, or None if it computes more (an active LoRA)."""
-    from peft.tuners.lora import LoraLayer
-
-    if isinstance(module, LoraLayer):
-        active = [a for a in module.active_adapters if a in module.lora_A]
-        if module.merged and module.disable_adapters:
-            return None  # peft unmerges on the next forward
-        if module.merged or module.disable_adapters or not active:
-            return _plain_linear(module.get_base_layer())
-        return None
-    if isinstance(module, nn.Linear):
-        return module.weight, module.bias
-    return None
-
-
-def _fused_weight(weights: list[torch.Tensor]) -> torch.Tensor | None:
-    """The [sum of rows, in] matrix the weights form if they are consecutive rows of one buffer, else None."""
-    first = weights[0]
-    for prev, w in zip(weights, weights[1:], strict=False):
-        if not (
-            w.is_contiguous()
-            and prev.is_contiguous()
-            and w.dtype == first.dtype
-            and w.device == first.device
-            and w.shape[1] == first.shape[1]
-            and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-            and w.storage_offset() == prev.storage_offset() + prev.numel()
-        ):
-            return None
-    rows = sum(w.shape[0] for w in weights)
-    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))

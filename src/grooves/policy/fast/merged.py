@@ -52,12 +52,17 @@ class MergedWeights:
         self._buffers: list[torch.Tensor] | None = None
         self._folded_from: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Per layer, copies of the (A, B) its buffer was computed from."""
+        self.generation = 0
+        """Counts the refreshes that changed a buffer: what copies made from the buffers are stamped with."""
+        self._storages: set[int] = set()
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Recompute W + s B A for every layer whose adapter weights differ from the ones last folded."""
         if self._buffers is None:
             self._buffers = self._allocate()
+            self._storages = {buf.untyped_storage().data_ptr() for buf in self._buffers}
+        changed = False
         for i, (m, buf) in enumerate(zip(self.layers, self._buffers, strict=True)):
             a, b = m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight
             if i < len(self._folded_from):
@@ -68,12 +73,21 @@ class MergedWeights:
                 old_b.copy_(b)
             else:
                 self._folded_from.append((a.detach().clone(), b.detach().clone()))
+            changed = True
             w = m.base_layer.weight
             if not m.fan_in_fan_out and a.dtype == b.dtype == w.dtype:
                 # W + s B A in one pass over the weight, instead of materializing B A, scaling it and adding
                 torch.addmm(w, b, a, alpha=m.scaling[self.adapter], out=buf)
             else:
                 torch.add(w, m.get_delta_weight(self.adapter).to(buf.dtype), out=buf)
+        self.generation += changed
+
+    def stamp(self, weight: torch.Tensor) -> object:
+        """A weight's content stamp: the refresh generation for one of the folded buffers, else
+        torch's version counter (a swapped-in buffer's writes do not bump its parameter's)."""
+        if weight.untyped_storage().data_ptr() in self._storages:
+            return ("folded", self.generation)
+        return weight._version
 
     def _allocate(self) -> list[torch.Tensor]:
         """One buffer per layer, as consecutive rows of one block for layers of one parent that share

@@ -1,0 +1,328 @@
+"""The matmul kernels of the sampler's decode steps: MKL's `x W^T`, oneDNN on prepacked weights, or int8.
+
+A decode step multiplies a few rows (1-64) by every weight of the model, so its time is the time
+to stream the weights through the matmul kernel. On a CPU the kernel behind `F.linear` (MKL's
+sgemm) reads the weights far below the memory's bandwidth at so few rows; how far depends on the
+CPU (docs/speed.md, "The floor"). The decoder (`decode.FusedDecode`) asks one of these for each
+group of layers that read the same input (q, k, v; gate, up; o; down; the output head) and gets a
+function `x [R, 1, in] -> y [R, 1, sum of outs]`, or None where it must call the modules:
+
+- `PlainKernels`: `F.linear`, i.e. MKL, in the form `x W^T` or `(W x^T)^T` (`decode.MatmulPlan`);
+- `PackedKernels` (`model.fast = "on"`): oneDNN's inner product on weights reordered once into its
+  blocked layout (the op torch.compile's CPU backend emits for a frozen linear layer). The same
+  float32 product, rounded differently; the packed copies are kept until their weights change;
+- `LowPrecisionKernels` (`model.sampler_precision = "int8"` or `"bfloat16"`): int8 or bfloat16
+  copies of the base weights, with the layer's LoRA adapter applied on top in float32
+  (`x W_q^T + s (x A^T) B^T`). Not the trainer's function: the sampler's logprobs differ from the
+  trainer's, which the trainer measures (`mismatch_k3_mean`) and can correct for
+  (`algorithm.tis_cap`).
+
+Each keeps what it prepared (packed or quantized weights) across batches, keyed by the weight it
+came from and a stamp of that weight's content (`stamp`), so a changed weight is prepared again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Runner = Callable[[torch.Tensor, bool], torch.Tensor]
+"""`(x [R, 1, in], transposed) -> [R, 1, out]`: one group's outputs, concatenated in the group's order."""
+
+
+def plain_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) that `module` computes `x W^T + b` with, or None if it computes more (an active LoRA)."""
+    from peft.tuners.lora import LoraLayer
+
+    if isinstance(module, LoraLayer):
+        active = [a for a in module.active_adapters if a in module.lora_A]
+        if module.merged and module.disable_adapters:
+            return None  # peft unmerges on the next forward
+        if module.merged or module.disable_adapters or not active:
+            return plain_linear(module.get_base_layer())
+        return None
+    if type(module) is nn.Linear:
+        return module.weight, module.bias
+    return None
+
+
+def fused_weight(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [sum of rows, in] matrix the weights form if they are consecutive rows of one buffer, else None."""
+    first = weights[0]
+    for prev, w in zip(weights, weights[1:], strict=False):
+        if not (
+            w.is_contiguous()
+            and prev.is_contiguous()
+            and w.dtype == first.dtype
+            and w.device == first.device
+            and w.shape[1] == first.shape[1]
+            and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and w.storage_offset() == prev.storage_offset() + prev.numel()
+        ):
+            return None
+    rows = sum(w.shape[0] for w in weights)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))
+
+
+def _joined_bias(weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
+    )
+
+
+def matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
+) -> torch.Tensor:
+    """`x W^T + b` for x [R, 1, in], either as that or as `(W x^T)^T` (the same product, another BLAS kernel)."""
+    if not transposed:
+        return F.linear(x, weight, bias)
+    rows = x.shape[0]
+    xt = x.reshape(rows, x.shape[-1]).t()
+    y = torch.mm(weight, xt) if bias is None else torch.addmm(bias[:, None], weight, xt)  # [out, R]
+    return y.t().reshape(rows, 1, weight.shape[0])
+
+
+class PlainKernels:
+    """`F.linear` on the layers' own weights; a group runs as one matmul when its weights are rows of one buffer."""
+
+    def group(self, modules: list[nn.Module]) -> Runner | None:
+        plain = [plain_linear(m) for m in modules]
+        if any(p is None for p in plain):
+            return None
+        weights = [w for w, _ in plain]
+        weight = weights[0] if len(weights) == 1 else fused_weight(weights)
+        if weight is None:
+            return None
+        bias = _joined_bias(weights, [b for _, b in plain])
+        return lambda x, transposed: matmul(x, weight, bias, transposed)
+
+
+Stamp = Callable[[torch.Tensor], object]
+"""What a weight's content is known by: prepared copies are reused while it is unchanged."""
+
+
+def version_stamp(weight: torch.Tensor) -> object:
+    """torch's version counter: bumped by every in-place write through torch (not by `.data =`)."""
+    return weight._version
+
+
+class _Prepared:
+    """Copies prepared from weights, by (storage, offset, shape) of the weights and their stamps."""
+
+    def __init__(self, stamp: Stamp):
+        self.stamp = stamp
+        self._entries: dict[tuple, tuple[tuple, object]] = {}
+
+    def get(self, weights: list[torch.Tensor], make: Callable[[], object]) -> object:
+        key = tuple((w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape)) for w in weights)
+        stamps = tuple(self.stamp(w) for w in weights)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] == stamps:
+            return hit[1]
+        value = make()
+        self._entries[key] = (stamps, value)
+        return value
+
+
+def onednn_available() -> bool:
+    """This torch has oneDNN with its prepacked float32 linear ops."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class PackedKernels:
+    """oneDNN's float32 inner product on weights reordered once into its blocked layout (CPU only).
+
+    `torch.ops.mkldnn._reorder_linear_weight` lays a [out, in] weight out in the blocks oneDNN's
+    kernel for this CPU reads (for a batch of `rows_hint` rows), and `_linear_pointwise` runs
+    `x W^T + b` on it. These are the ops torch.compile's CPU backend (inductor, with frozen
+    weights) emits for a linear layer; here they run without compiling anything. A group's
+    weights are packed as one matrix even when they are not rows of one buffer.
+
+    A single row runs MKL's `x W^T` instead where the group is one matrix (its rows in one
+    buffer, as the folded weights are): at one row MKL takes its matrix-vector kernel, which
+    read the weights 3.6-5.6x faster than oneDNN's on this CPU, where from two rows on oneDNN's
+    packed kernel was the faster by 1.9-4.3x (medians, `benchmarks/bench_decode_kernels.py`,
+    docs/speed.md).
+    """
+
+    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 2):
+        self.packed = _Prepared(stamp)
+        self.rows_hint = rows_hint
+        self.packed_from_rows = packed_from_rows
+        """Fewer rows than this run `PlainKernels`' `x W^T` where the group is one matrix."""
+
+    def group(self, modules: list[nn.Module]) -> Runner | None:
+        plain = [plain_linear(m) for m in modules]
+        if any(p is None for p in plain):
+            return None
+        weights = [w for w, _ in plain]
+        if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
+            return PlainKernels().group(modules)
+        bias = _joined_bias(weights, [b for _, b in plain])
+        out = sum(w.shape[0] for w in weights)
+
+        def pack():
+            joined = weights[0] if len(weights) == 1 else torch.cat(weights)
+            return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
+
+        packed = self.packed.get(weights, pack)
+        plain = PlainKernels().group(modules)  # None: the group's weights are not one matrix
+
+        def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            rows = x.shape[0]
+            if rows < self.packed_from_rows and plain is not None:
+                return plain(x, False)
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
+            return y.reshape(rows, 1, out)
+
+        return run
+
+
+def low_precision_problem(precision: str, model) -> str | None:
+    """Why the sampler cannot run `model` at `precision` ("int8", "bfloat16") here; None if it can."""
+    if precision == "int8" and not hasattr(torch, "_weight_int8pack_mm"):
+        return "this torch has no int8 weight-only matmul (torch._weight_int8pack_mm)"
+    if precision == "bfloat16" and not onednn_available():
+        return "this torch has no oneDNN prepacked linear"
+    param = next(model.parameters())
+    if param.device.type != "cpu":
+        return f"its kernels run on the CPU, and the model is on {param.device}"
+    if param.dtype != torch.float32:
+        return f"it samples a float32 model, and this one is {str(param.dtype).removeprefix('torch.')}"
+    return None
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (q [out, in] int8, scale [out]) with weight ~ q * scale[:, None].
+
+    scale = max |w_row| / 127, q = round(w / scale) in [-127, 127]; a row of zeros gets scale 1.
+
+    >>> q, s = quantize_rows(torch.tensor([[0.5, -1.0], [0.0, 0.0]]))
+    >>> q.tolist(), [round(x, 5) for x in s.tolist()]
+    ([[64, -127], [0, 0]], [0.00787, 1.0])
+    """
+    scale = weight.abs().amax(dim=1) / 127.0  # [out]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # [out, in]
+    return q, scale
+
+
+def _lora_of(module: nn.Module) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor, float] | None] | None:
+    """(base linear, its active LoRA (A [r, in], B [out, r], scale) or None) of a layer the
+    low-precision kernels can run, or None: several active adapters, dropout, DoRA, a LoRA bias."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(module, LoraLayer):
+        return (module, None) if type(module) is nn.Linear else None
+    if module.merged:
+        return None  # its base weight holds an update: not the base that was converted
+    base = module.get_base_layer()
+    if type(base) is not nn.Linear:
+        return None
+    active = [a for a in module.active_adapters if a in module.lora_A]
+    if module.disable_adapters or not active:
+        return base, None
+    if len(active) > 1 or not isinstance(module, LoraLinear) or module.fan_in_fan_out:
+        return None
+    name = active[0]
+    if (
+        module.use_dora.get(name, False)
+        or module.lora_bias.get(name, False)
+        or not isinstance(module.lora_dropout[name], nn.Identity)
+    ):
+        return None
+    return base, (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+
+
+class LowPrecisionKernels:
+    """The base weights in int8 or bfloat16 for sampling, the LoRA adapter in float32 on top.
+
+    - "int8": weight-only int8, one scale per output row (`quantize_rows`), through
+      `torch._weight_int8pack_mm` (the kernel torchao's int8 weight-only layout calls on CPU),
+      with the activations rounded to bfloat16 for it (its float32 path is not vectorized);
+    - "bfloat16": the weights in bfloat16, prepacked for oneDNN (`PackedKernels`' ops), the
+      activations rounded to bfloat16.
+    Either way the products accumulate in float32 and the bias is added in float32. The
+    activations are not quantized to int8: SmolLM2's MLP activations have outlier channels, and
+    fbgemm's dynamic int8 linear (one activation scale per batch) put its next-token distribution
+    1.25 nats of KL away from float32 on `capitals` prompts (docs/speed.md). The adapter of each layer, `s (x A^T) B^T`,
+    runs in float32 on the unrounded input: a group of layers is one `A` of their stacked ranks
+    and one block-diagonal `s B`, built afresh per batch (small), so the adapter a batch samples
+    with is the one the trainer holds. The converted base weights are made once and kept.
+    """
+
+    def __init__(self, precision: str, stamp: Stamp = version_stamp, rows_hint: int = 8):
+        if precision not in ("int8", "bfloat16"):
+            raise ValueError(f"precision {precision!r}: use int8 or bfloat16")
+        self.precision = precision
+        self.converted = _Prepared(stamp)
+        self.rows_hint = rows_hint
+
+    def _convert(self, weight: torch.Tensor):
+        weight = weight.detach().float()
+        if self.precision == "int8":
+            q, scale = quantize_rows(weight)
+            return q, scale.to(torch.bfloat16)
+        return torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), self.rows_hint)
+
+    def group(self, modules: list[nn.Module]) -> Runner | None:
+        parts = [_lora_of(m) for m in modules]
+        if any(p is None for p in parts):
+            return None
+        bases = [p[0] for p in parts]
+        weights = [b.weight for b in bases]
+        if weights[0].device.type != "cpu" or any(w.dtype != torch.float32 for w in weights):
+            return None
+        out = sum(w.shape[0] for w in weights)
+        bias = _joined_bias(weights, [b.bias for b in bases])
+        converted = self.converted.get(
+            weights, lambda: self._convert(weights[0] if len(weights) == 1 else torch.cat(weights))
+        )
+        lora = _stacked_lora([p[1] for p in parts], [w.shape[0] for w in weights])
+        int8 = self.precision == "int8"
+
+        def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            rows = x.shape[0]
+            x2 = x.reshape(rows, -1)  # [R, in]
+            xb = x2.to(torch.bfloat16)
+            if int8:
+                y = torch._weight_int8pack_mm(xb, *converted).float()  # [R, out]
+            else:
+                y = torch.ops.mkldnn._linear_pointwise(xb, converted, None, "none", [], "").float()
+            if bias is not None:
+                y = y + bias
+            if lora is not None:
+                a, b = lora
+                y = torch.addmm(y, x2 @ a.t(), b.t())  # + s (x A^T) B^T, in float32
+            return y.reshape(rows, 1, out)
+
+        return run
+
+
+def _stacked_lora(
+    adapters: list[tuple[torch.Tensor, torch.Tensor, float] | None], outs: list[int]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(A [sum r, in], s B [sum out, sum r] block-diagonal) of a group's adapters; None if it has none."""
+    present = [a for a in adapters if a is not None]
+    if not present:
+        return None
+    ranks = [a[0].shape[0] if a is not None else 0 for a in adapters]
+    first = present[0][0]
+    a_all = torch.cat([a[0].detach() for a in present])  # [sum r, in]
+    b_all = first.new_zeros((sum(outs), sum(ranks)))  # [sum out, sum r]
+    row = col = 0
+    for adapter, out, rank in zip(adapters, outs, ranks, strict=True):
+        if adapter is not None:
+            b_all[row : row + out, col : col + rank] = adapter[1].detach() * adapter[2]
+        row, col = row + out, col + rank
+    return a_all, b_all

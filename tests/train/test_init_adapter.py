@@ -1,0 +1,172 @@
+"""`model.init_adapter`: an RL run starts from a trained adapter (an SFT warm start), or is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grooves.config import ConfigError, check_against_model, parse_config, parse_sft_config
+from grooves.train.loop import build_policy, train
+from grooves.train.sft import sft
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_model_dir, tmp_path_factory):
+    """Two SFT steps on the tiny model: a non-zero adapter in a checkpoint, as `grooves sft` writes it."""
+    tmp = tmp_path_factory.mktemp("sft")
+    data = tmp / "chats.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"hello {i}"},
+                        {"role": "assistant", "content": "yes"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(4)
+        )
+    )
+    config = parse_sft_config(
+        {
+            "data": str(data),
+            "output_dir": str(tmp / "run"),
+            "batch_size": 2,
+            "steps": 2,
+            "model": {"base_model": str(tiny_model_dir)},
+            "lora": {"rank": 4, "alpha": 8},
+            "optim": {"lr": 1e-2},
+            "logging": {"checkpoint_every": 2, "progress": False},
+        }
+    )
+    return sft(config)
+
+
+def _config(model_dir, out, init, **lora):
+    return parse_config(
+        {
+            "name": "warm",
+            "output_dir": str(out),
+            "seed": 1,
+            "steps": 1,
+            "task": "toy_tokens",
+            "task_options": {"vocab_size": 487, "num_scenarios": 4},
+            "model": {"base_model": str(model_dir), "init_adapter": str(init)},
+            "rollout": {"group_size": 8, "groups_per_step": 4, "max_tokens": 4},
+            "optim": {"lr": 1e-2},
+            "lora": {"rank": 4, "alpha": 8, **lora},
+            "validation": {"every": 0, "scenarios": 2},
+            "logging": {"progress": False},
+        }
+    )
+
+
+def _lora_weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "adapter", "run"])
+def test_the_run_starts_from_the_adapters_weights_and_trains_them(sft_run, tiny_model_dir, tmp_path, which):
+    checkpoint = sft_run / "checkpoints" / "step_000002"
+    init = {"checkpoint": checkpoint, "adapter": checkpoint / "adapter", "run": sft_run}[which]
+    config = _config(tiny_model_dir, tmp_path / "rl", init)
+    check_against_model(config)
+    policy = build_policy(config)
+    saved = load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
+    weights = _lora_weights(policy.model)
+    assert len(weights) == len(saved) > 0
+    for name, value in weights.items():
+        key = name.replace(".default", "")
+        assert torch.equal(value, saved[key]), name
+    assert any(
+        bool(v.abs().sum() > 0) for k, v in weights.items() if "lora_B" in k
+    )  # trained: B is no longer zero
+    assert all(p.requires_grad for n, p in policy.model.named_parameters() if "lora_" in n)
+    if which != "checkpoint":
+        return
+    run_dir = train(config)
+    after = load_file(str(run_dir / "checkpoints" / "step_000001" / "adapter" / "adapter_model.safetensors"))
+    moved = [k for k in saved if not torch.equal(saved[k], after[k])]
+    assert moved  # RL updated the warm-started weights, starting from them
+    assert max(float((saved[k] - after[k]).abs().max()) for k in saved) < 0.1  # one small step away
+
+
+def test_an_adapter_of_another_base_model_is_refused_in_one_line(sft_run, peaked_model_dir, tmp_path):
+    config = _config(peaked_model_dir, tmp_path / "rl", sft_run / "checkpoints" / "step_000002")
+    with pytest.raises(ConfigError) as err:
+        check_against_model(config)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"model.init_adapter: {sft_run / 'checkpoints' / 'step_000002'} was trained on base model "
+    )
+    assert f"not {str(peaked_model_dir)!r} (model.base_model)" in message
+    with pytest.raises(ConfigError, match="was trained on base model"):
+        train(config)  # refused before any weights load or the folder changes
+    assert not (tmp_path / "rl" / "config.toml").exists()
+
+
+def test_another_lora_shape_or_a_missing_adapter_is_refused(sft_run, tiny_model_dir, tmp_path):
+    config = _config(tiny_model_dir, tmp_path / "rl", sft_run, rank=8, alpha=16)
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.init_adapter: .* has LoRA rank 4, alpha 8.0 on .*; set \[lora\] "
+        r"rank = 4, alpha = 8.0, target_modules = .* to continue it$",
+    ):
+        check_against_model(config)
+    config = _config(tiny_model_dir, tmp_path / "rl", tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"^model.init_adapter: .*nowhere: no such folder; pass e.g. "):
+        check_against_model(config)
+    (tmp_path / "empty").mkdir()
+    config = _config(tiny_model_dir, tmp_path / "rl", tmp_path / "empty")
+    with pytest.raises(
+        ConfigError, match="not an adapter folder, a checkpoint or a run folder with checkpoints"
+    ):
+        check_against_model(config)
+
+
+def test_the_commands_refuse_an_adapter_of_another_base_model_in_one_line(
+    sft_run, peaked_model_dir, tmp_path
+):
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from grooves.cli import app as cli_app
+
+    adapter = sft_run / "checkpoints" / "step_000002"
+    run_file = tmp_path / "rl.toml"
+    run_file.write_text(
+        tomli_w.dumps(
+            _config(peaked_model_dir, tmp_path / "rl", adapter).model_dump(mode="json", exclude_none=True)
+        )
+    )
+    rl = CliRunner().invoke(cli_app, ["train", str(run_file)])
+    sft_cli = CliRunner().invoke(
+        cli_app,
+        [
+            "sft",
+            "--data",
+            str(tmp_path / "none.jsonl"),
+            "--model",
+            str(peaked_model_dir),
+            "-o",
+            str(tmp_path / "s"),
+            "--set",
+            f'model.init_adapter="{adapter}"',
+            "--set",
+            "lora.rank=4",
+            "--set",
+            "lora.alpha=8",
+        ],
+    )
+    for result, code in [(rl, 2), (sft_cli, 2)]:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == code and len(lines) == 1, result.output
+        assert f"model.init_adapter: {adapter} was trained on base model " in lines[0]
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "s").exists()  # refused before the folder or the model

@@ -146,7 +146,8 @@ def test_failed_and_imperfect_gold_runs_are_counted_never_written(tmp_path):
 
 
 def test_the_cli_writes_the_file_and_says_what_it_dropped(tmp_path):
-    out = tmp_path / "corpus.jsonl"
+    # a folder that does not exist yet, as `runs/agents/` on a fresh clone
+    out = tmp_path / "runs" / "agents" / "corpus.jsonl"
     result = CliRunner().invoke(
         cli_app, ["env", "demos", "corpus_search", "--out", str(out), "--copies", "2"]
     )

@@ -133,6 +133,7 @@ def write_demonstrations(
     The file is written to `path.tmp` and renamed when complete, so a failed run leaves no
     half-written demonstrations behind."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     report = DemoReport(env.name, split, 0)
     tmp = path.with_name(path.name + ".tmp")
     try:

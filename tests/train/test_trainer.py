@@ -779,3 +779,55 @@ def test_a_task_that_never_sets_success_is_named_once(peaked_model_dir, tmp_path
         task=ToyTokensTask(vocab_size=487, num_scenarios=16),
     )
     assert "success" not in capsys.readouterr().err  # a task that sets it hears nothing
+
+
+def test_train_step_takes_turns_of_the_live_adapter_or_at_most_rollout_max_staleness_before_it(
+    policy, peaked_model_dir, tmp_path
+):
+    """The one step of the loop and the service: a turn more than `rollout.max_staleness` versions
+    behind the live adapter is refused before any update; within it, the lags are in the stats."""
+    import torch
+
+    from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+    from grooves.train.step import run_loss, train_step
+
+    def group(*versions):  # one turn per rollout, rewards 0, 1, 0, ...: not a zero-variance group
+        return TrajectoryGroup(
+            trajectories=[
+                Trajectory(
+                    turns=[
+                        SampledTurn(
+                            prompt_token_ids=[1, 30, 2],
+                            token_ids=[40, 41],
+                            logprobs=[0.0, 0.0],
+                            adapter_version=v,
+                        )
+                    ],
+                    reward=float(i % 2),
+                )
+                for i, v in enumerate(versions)
+            ]
+        )
+
+    live, before = policy.adapters.version, _trainable(policy)
+    optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.0)
+    try:
+        policy.adapters.version = 5
+        strict = _config(peaked_model_dir, tmp_path)
+        with pytest.raises(
+            ValueError,
+            match=r"versions \[4\], but the live adapter is 5 and rollout.max_staleness = 0 allows 5$",
+        ):
+            train_step(policy, optimizer, [group(5, 4)], strict, run_loss(strict))
+        assert policy.adapters.version == 5  # refused before the update
+        loose = _config(peaked_model_dir, tmp_path, rollout__max_staleness=2)
+        with pytest.raises(ValueError, match=r"versions \[2, 6\], .* allows 3\.\.5$"):
+            train_step(policy, optimizer, [group(2, 3), group(6, 5)], loose, run_loss(loose))
+        stats, seqs = train_step(policy, optimizer, [group(5, 3, None, 4)], loose, run_loss(loose))
+        assert policy.adapters.version == 6 and len(seqs) == 4
+        # lags 0, 2, 1 (a turn without a version was not sampled by the policy)
+        assert stats["staleness_mean"] == 1.0 and stats["staleness_max"] == 2.0
+        assert [stats[f"staleness/{j}"] for j in range(3)] == pytest.approx([1 / 3] * 3)
+    finally:
+        _restore(policy, before)
+        policy.adapters.version = live

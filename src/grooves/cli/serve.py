@@ -1,4 +1,5 @@
-"""`grooves serve`: a policy behind the OpenAI-compatible API (adapter admin endpoints with `--admin`).
+"""`grooves serve`: a policy behind the OpenAI-compatible API (adapter admin endpoints with `--admin`);
+with `--train`, the training service (trainable models that a user's own loop trains over HTTP).
 
 Kept apart from the code it drives so that `grooves --help` stays fast: torch and transformers
 are imported only inside the command.
@@ -69,18 +70,78 @@ def serve_command(
     dtype: str = typer.Option(
         "float32", "--dtype", help="float32 keeps sampler and trainer logprobs equal; bfloat16 halves memory."
     ),
+    train: bool = typer.Option(
+        False,
+        "--train",
+        help="Also host trainable models: clients create them, sample them and send scored groups for "
+        "training steps (/v1/trainable_models; see docs/service.md). No /v1/adapters admin routes.",
+    ),
+    train_dir: str = typer.Option(
+        "runs/service",
+        "--train-dir",
+        help="With --train: one run folder per trainable model; a restart brings each back at its last checkpoint.",
+    ),
+    max_models: int = typer.Option(
+        8, "--max-models", min=1, help="With --train: most trainable models at once."
+    ),
+    api_keys: str | None = typer.Option(
+        None,
+        "--api-keys",
+        help='A TOML file of tenants and their keys ([keys] alice = "..."): each key sees and trains only its own models.',
+    ),
 ) -> None:
     """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
     from grooves.adapters.admin import mount_admin
     from grooves.cli.adapters import parse_adapter_options
     from grooves.policy.transformers import TransformersPolicy
     from grooves.serve.app import create_app, serve
+    from grooves.serve.keys import ApiKeys
     from grooves.serve.routing import AdapterTable
 
+    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
     try:
         own, named = parse_adapter_options(adapter, served_name or model)
+        if api_key and api_keys:
+            raise ValueError("--api-key and --api-keys: pass one of them (a keys file can hold one key)")
+        if train and admin:
+            raise ValueError(
+                "--admin with --train: the training service has no /v1/adapters routes (they load any path on "
+                "this machine's disk); tenants promote their own checkpoints instead"
+            )
+        # a tenant per key: a keys file, or with --train the one key as the tenant "default"
+        keys = (
+            ApiKeys.from_file(api_keys)
+            if api_keys
+            else ApiKeys.single(api_key)
+            if api_key and train
+            else None
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
+    if keys is None and api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"warning: --host {host} without --api-key: anyone who reaches this port can use the server",
+            highlight=False,
+        )
+    limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
+    limits = {k: v for k, v in limits.items() if v is not None}
+    if train:
+        _serve_training(
+            model,
+            host,
+            port,
+            own,
+            named,
+            served_name,
+            device,
+            dtype,
+            train_dir,
+            max_models,
+            max_n,
+            keys,
+            limits,
+        )
+        return
     try:
         policy = TransformersPolicy(
             model, adapter_path=own, served_name=served_name or model, device=device, dtype=dtype
@@ -103,20 +164,56 @@ def serve_command(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
             highlight=False,
         )
-    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            f"warning: --host {host} without --api-key: anyone who reaches this port can use the model",
-            highlight=False,
-        )
-    limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
     app = create_app(
-        policy,
-        max_n=max_n,
-        adapters=table,
-        api_key=api_key,
-        **{k: v for k, v in limits.items() if v is not None},
+        policy, max_n=max_n, adapters=table, api_key=api_key if keys is None else None, keys=keys, **limits
     )
     if admin:
         mount_admin(app)
     serve(app, host=host, port=port)
+
+
+def _serve_training(
+    model, host, port, own, named, served_name, device, dtype, train_dir, max_models, max_n, keys, limits
+) -> None:
+    """`grooves serve --train`: the training service until interrupted, then each model's report."""
+    from grooves.serve.app import serve
+    from grooves.service.app import create_service_app
+    from grooves.train.runlog import RunFolderError
+
+    if own is not None:
+        raise _fail(
+            f"--adapter {own}: with --train the base model has no adapter of its own; serve it as --adapter NAME=PATH"
+        )
+    try:
+        app = create_service_app(
+            train_dir,
+            model,
+            keys=keys,
+            served_name=served_name,
+            adapters=[(name, str(path)) for name, path in named],
+            dtype=dtype,
+            device=device,
+            max_models=max_models,
+            max_n=max_n,
+            **limits,
+        )
+    except ModelError as exc:
+        raise _fail(str(exc)) from exc
+    except RunFolderError as exc:
+        raise _fail(f"--train-dir: {exc}") from exc
+    except OSError as exc:
+        raise _fail(
+            f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
+        ) from exc
+    service = app.state.service
+    names = ", ".join(app.state.adapters.names())
+    console.print(
+        f"training service on [bold]{names}[/bold] at http://{host}:{port}/v1 "
+        f"({len(service.models)} trainable models restored from {train_dir})",
+        highlight=False,
+    )
+    try:
+        serve(app, host=host, port=port)
+    finally:
+        app.state.scheduler.close()
+        service.close()

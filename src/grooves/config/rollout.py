@@ -43,7 +43,9 @@ class RolloutConfig(Section):
     and they for the step before. k >= 1 overlaps the next steps' rollouts (agent code,
     environments, judges) with the optimizer step, at the price of turns k updates old; the
     loss's ratio to the sampling logprobs corrects for that as for any off-policy sample, and
-    `staleness/<j>` logs the share of turns j versions behind. Local rollouts only."""
+    `staleness/<j>` logs the share of turns j versions behind. Local rollouts only. A trainable
+    model of `grooves serve --train` holds the turns sent to it to the same bound, live - version
+    <= k, while the sending loop decides when it samples (docs/service.md)."""
     runner: Literal["local", "ray"] = "local"
     """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
     ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one

@@ -10,11 +10,16 @@ token records of multi-turn conversations, `adapters` holds the peft model with 
 version and the extra adapters served beside it, and `sampler` samples batches on it with the
 CPU speed paths `fast` chooses (`policy/fast/`). `load_model` is shared with the vLLM backend,
 which trains the same peft model.
+
+`SharedBase` loads a base model once for several policies (the training service hosts one per
+trainable model): each policy gets a module tree of its own, so its adapter, folded weights and
+speed paths are its own, over the same weight tensors, and all of them take one lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,17 +36,8 @@ from grooves.policy.sampler import Sampler
 from grooves.policy.sampling import Completion, SamplingParams
 
 
-def load_model(
-    base_model: str,
-    *,
-    lora: LoraConfig | None = None,
-    adapter_path: str | Path | None = None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    attn_implementation: str = "sdpa",
-):
-    """(model, tokenizer): the base model on `device` in eval mode, wrapped by peft with a new
-    trainable `lora` adapter, or with the saved one at `adapter_path` (trainable when `lora` is set)."""
+def _load_base(base_model: str, dtype: str, device: str, attn_implementation: str):
+    """(model, tokenizer): the base model on `device` in eval mode, no adapter."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(base_model)
@@ -50,10 +46,62 @@ def load_model(
         path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
     ).to(device)
     model.eval()
+    return model, tokenizer
+
+
+class SharedBase:
+    """A base model's weights, loaded once, under several policies that each add an adapter of their own.
+
+    `module()` gives a policy its own copy of the module tree whose parameters are new `Parameter`
+    objects over the same storage: peft wraps that tree's layers, the folded-LoRA path swaps its
+    weights' `.data` for a sampling batch, and none of it reaches the other trees. Nothing writes
+    into the base weights (training updates only adapter parameters), so sharing the storage is
+    safe. The policies share `lock` too: one device, one sampling batch or optimizer step at a time.
+    """
+
+    def __init__(
+        self,
+        base_model: str,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        attn_implementation: str = "sdpa",
+    ):
+        self.base_model, self.dtype, self.device = base_model, dtype, device
+        self._template, self.tokenizer = _load_base(base_model, dtype, device, attn_implementation)
+        self.lock = threading.RLock()
+
+    def module(self) -> torch.nn.Module:
+        """A module tree of its own over the shared weight tensors (tied weights stay tied)."""
+        aliases = {
+            id(p): torch.nn.Parameter(p.data, requires_grad=p.requires_grad)
+            for p in self._template.parameters()
+        }
+        return copy.deepcopy(self._template, memo=aliases)
+
+
+def load_model(
+    base_model: str,
+    *,
+    lora: LoraConfig | None = None,
+    adapter_path: str | Path | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str = "sdpa",
+    base: SharedBase | None = None,
+):
+    """(model, tokenizer): the base model on `device` in eval mode, wrapped by peft with a new
+    trainable `lora` adapter, or with the saved one at `adapter_path` (trainable when `lora` is set).
+    With `base`, its weights (and its dtype and device) instead of a new load of `base_model`."""
+    if base is not None:
+        model, tokenizer = base.module(), base.tokenizer
+    else:
+        model, tokenizer = _load_base(base_model, dtype, device, attn_implementation)
     if adapter_path is not None:
         from peft import PeftModel
 
-        check_adapter_base(adapter_path, path)  # another base's weights: a warning, see models.py
+        base_dir = resolve_model(base.base_model if base is not None else base_model)
+        check_adapter_base(adapter_path, base_dir)  # another base's weights: a warning, see models.py
         with peft_wrapping():
             model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
     elif lora is not None:
@@ -91,8 +139,12 @@ class TransformersPolicy:
         served_name: str | None = None,
         attn_implementation: str = "sdpa",
         fast: FastMode | FastPaths = "on",
+        base: SharedBase | None = None,
         sampler_precision: SamplerPrecision = "float32",
     ):
+        """`base`: a `SharedBase` to build on (its weights, device and lock) instead of loading `base_model`."""
+        if base is not None:
+            base_model, device = base.base_model, base.device
         self.fast_paths = speed.fast_paths(fast)
         speed.before_load(self.fast_paths, device)
         self.base_model = base_model
@@ -104,10 +156,11 @@ class TransformersPolicy:
             dtype=dtype,
             device=device,
             attn_implementation=attn_implementation,
+            base=base,
         )
         self.trainable = lora is not None
         self.device = device
-        self.lock = threading.RLock()
+        self.lock = base.lock if base is not None else threading.RLock()
         self.generator = torch.Generator().manual_seed(seed)
         self.adapters = PeftAdapters(model, self.lock)
         self.prompts = PromptState(

@@ -33,6 +33,8 @@ endpoints are in `serve.chat`, streaming in `serve.streaming`, the request and r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -43,6 +45,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
+from grooves.serve.keys import ApiKeys, KeyCheck
 from grooves.serve.routing import AdapterTable
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -61,16 +64,22 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
     api_key: str | None = None,
+    keys: ApiKeys | None = None,
+    meter: Callable[[str, int, int], None] | None = None,
 ) -> FastAPI:
     """The HTTP app over `policy` (a `TransformersPolicy`, a `VLLMPolicy`, any `Policy`).
 
     `adapters` routes model names to adapters (default: the policy's own name only).
     `max_body_bytes` caps a request body (413); `max_request_tokens` caps `n x max_tokens` of one
     request (400; None: no cap). `api_key`, when set, is required on every route as
-    `Authorization: Bearer <key>` (a 401 in OpenAI's shape otherwise, before the body is read).
+    `Authorization: Bearer <key>` (a 401 in OpenAI's shape otherwise, before the body is read);
+    `keys` instead names a tenant per key (see `serve.keys`), for the training service.
+    `meter(model, prompt_tokens, completion_tokens)` is told about each answered chat completion.
     `app.state` holds the policy, its `BatchScheduler` (close it when the app's owner ends) and the
     adapter table. The adapter admin routes are not in it: `grooves.adapters.admin.mount_admin(app)`.
     """
+    if api_key is not None and keys is not None:
+        raise ValueError("give create_app api_key (one key) or keys (a tenant per key), not both")
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
     adapters = adapters or AdapterTable(policy)
@@ -88,15 +97,18 @@ def create_app(
         ServerErrors,
         body=lambda exc: error_body(f"internal error: {type(exc).__name__}", kind="server_error"),
     )
-    if api_key is not None:  # outermost: a request without the key is refused before its body is read
-        app.add_middleware(
-            ApiKey,
-            key=api_key,
-            unauthorized=lambda reason: error_body(
-                f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
-                code="invalid_api_key",
-            ),
+
+    def unauthorized(reason: str) -> dict:
+        return error_body(
+            f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
+            code="invalid_api_key",
         )
+
+    # outermost: a request without a known key is refused before its body is read
+    if keys is not None:
+        app.add_middleware(KeyCheck, keys=keys, unauthorized=unauthorized)
+    elif api_key is not None:
+        app.add_middleware(ApiKey, key=api_key, unauthorized=unauthorized)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -134,7 +146,9 @@ def create_app(
         return JSONResponse(status_code=400, content=error_body(message, param=loc or None))
 
     app.include_router(
-        chat_router(policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens)
+        chat_router(
+            policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
+        )
     )
     return app
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -42,8 +43,10 @@ def chat_router(
     *,
     max_n: int,
     max_request_tokens: int | None,
+    meter: Callable[[str, int, int], None] | None = None,
 ) -> APIRouter:
-    """The two endpoints over `policy`, sampling through `scheduler`, routing names with `adapters`."""
+    """The two endpoints over `policy`, sampling through `scheduler`, routing names with `adapters`;
+    `meter(model, prompt_tokens, completion_tokens)` counts each answered completion request."""
     router = APIRouter()
 
     @router.get("/v1/models")
@@ -146,6 +149,8 @@ def chat_router(
                 )
         except UnknownModel as exc:  # removed while this request was being rendered
             raise APIError(404, str(exc), "model", "model_not_found") from exc
+        if meter is not None:
+            meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
         return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
 
     return router

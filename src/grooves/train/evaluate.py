@@ -21,6 +21,7 @@ from grooves.core.trajectory import TrajectoryGroup
 from grooves.tasks import Task
 from grooves.tasks.mixture import task_metrics
 from grooves.train.distributed import DataParallel
+from grooves.train.step import reward_stats
 
 GroupScorer = Callable[[list[TrajectoryGroup]], Awaitable[Any]]
 """Optional stage after rollouts: sets rewards on whole groups (judges, reward models, gates)
@@ -86,31 +87,6 @@ async def score_groups(
         return groups, as_metrics(await score(groups))
     scored = (groups, as_metrics(await score(groups))) if dp.main else None
     return dp.broadcast(scored)
-
-
-def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
-    """Reward mean and success rate over the finished rollouts (a missing `metrics["success"]`
-    counts as 0); without a prefix (a training step) also the spread, the per-signal means and
-    the rollout and token counts."""
-    trajs = [t for g in groups for t in g.ok]
-    rewards = [t.reward for t in trajs]
-    out: dict[str, float] = {
-        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
-        if trajs
-        else float("nan"),
-    }
-    if not prefix:
-        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-        signals = sorted({k for t in trajs for k in t.rewards})
-        for name in signals:
-            vals = [t.rewards[name] for t in trajs if name in t.rewards]
-            out[f"reward/{name}_mean"] = statistics.fmean(vals)
-        out["rollouts"] = float(sum(len(g) for g in groups))
-        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
-        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
-        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
-    return out
 
 
 def sets_success(groups: list[TrajectoryGroup]) -> bool | None:

@@ -69,7 +69,7 @@ from grooves.train.evaluate import GroupScorer, evaluate, reward_stats, score_gr
 from grooves.train.judging import JudgeScorer
 from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.optim import adamw, lr_scheduler
-from grooves.train.pipeline import RolloutPipeline, VersionPins, staleness_stats
+from grooves.train.pipeline import RolloutPipeline, VersionPins
 from grooves.train.runlog import (
     RunFolderError,
     RunLog,
@@ -81,7 +81,7 @@ from grooves.train.runlog import (
 )
 from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
 from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
-from grooves.train.step import optimize, run_loss, to_sequences
+from grooves.train.step import run_loss, train_step
 from grooves.train.trackers import start_trackers
 from grooves.watch import Watch
 
@@ -284,16 +284,11 @@ async def run(
                 score_metrics = _merge_scored(scored)
             t_score = time.perf_counter()
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
-            staleness = staleness_stats(groups, policy.adapters.version, r.max_staleness)
-            seqs, seq_stats = to_sequences(groups, config)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
-            train_stats = (
-                await _optimize(policy, optimizer, seqs, loss, config.optim, dp, beside=r.max_staleness > 0)
-                if seqs
-                else {"loss": 0.0}
+            step_stats, _ = await _train_step(
+                policy, optimizer, groups, config, loss, dp, beside=r.max_staleness > 0
             )
             scheduler.step()  # by step count, applied or not, so a resumed run keeps the same rates
-            policy.adapters.bump()
             t_train = time.perf_counter()
 
             counted = [g for g in groups if len(g.ok) >= 2]
@@ -306,9 +301,7 @@ async def run(
                 **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,
-                **seq_stats,
-                **train_stats,
-                **staleness,
+                **step_stats,
             }
             metrics.update(
                 lr=lr,
@@ -429,15 +422,16 @@ def _resolve_micro_batch(config: RunConfig, policy: Policy, device: str) -> RunC
     return config.model_copy(update={"optim": optim})
 
 
-async def _optimize(
-    policy, optimizer, seqs, loss, opt, dp: DataParallel, *, beside: bool
-) -> dict[str, float]:
-    """`step.optimize`; `beside` (rollouts ahead of the trainer) runs it on a worker thread, so the
-    event loop keeps the next steps' rollouts going while it trains."""
+async def _train_step(
+    policy, optimizer, groups, config: RunConfig, loss, dp: DataParallel, *, beside: bool
+) -> tuple[dict[str, float], list]:
+    """`step.train_step` (the service's step too), this rank's share of it in a data-parallel run;
+    `beside` (rollouts ahead of the trainer) runs it on a worker thread, so the event loop keeps the
+    next steps' rollouts going while it trains."""
     sync = dp if dp.active else None
     if not beside:
-        return optimize(policy, optimizer, seqs, loss, opt, sync=sync)
-    return await asyncio.to_thread(optimize, policy, optimizer, seqs, loss, opt, sync=sync)
+        return train_step(policy, optimizer, groups, config, loss, sync=sync)
+    return await asyncio.to_thread(train_step, policy, optimizer, groups, config, loss, sync=sync)
 
 
 def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:

@@ -19,7 +19,7 @@ the same weights and seeds: resume stays exact.
 Which weights sample: each version a coming step needs is saved (`save_pretrained`, the adapter
 only: a few MB) and served beside the live adapter under its own name, `<name>@v<N>`
 (`AdapterTable.pin`), whose responses report version N. The step's rollouts ask for that name.
-The trainer checks each turn's version (`check_staleness`): 0 <= live - version <= k.
+The step checks each turn's version (`staleness_stats`, in `step.train_step`): 0 <= live - version <= k.
 
 What overlaps: the sampler and the optimizer step share the policy's lock (one set of weights
 on one device), so their batches alternate; what runs beside the optimizer step is everything

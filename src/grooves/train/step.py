@@ -1,9 +1,13 @@
 """One optimizer step: scored groups -> advantages -> token sequences -> loss -> one update.
 
-`to_sequences` turns a step's groups into training sequences (advantages per group, token in,
-token out); `optimize` accumulates the run's loss (`run_loss`: built once from `[algorithm]`)
-over memory-sized micro-batches and applies one update; with `sync` (a data-parallel rank,
-`train.distributed`) it runs its share of the sequences and the ranks sum their gradients first. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
+`train_step` is the step itself, the one function both the trainer's loop (`train.loop`) and the
+training service (`grooves.service`) call, so a step trained through the service is the loop's
+step by construction: it checks which adapter versions sampled the groups (`staleness_stats`,
+`rollout.max_staleness`), turns them into training sequences (`to_sequences`: advantages per
+group, token in, token out), and `optimize` accumulates the run's loss (`run_loss`: built once
+from `[algorithm]`) over memory-sized micro-batches and applies one update; the policy's adapter
+is then the next version. With `sync` (a data-parallel rank, `train.distributed`) `optimize` runs
+its share of the sequences and the ranks sum their gradients first. `gradient_step` is the span both trainers (RL here, SFT in `train.sft`) take the
 policy's weights for: the policy's lock and training phase, gradients zeroed first (the update
 is this step's gradient alone, whatever an earlier caller left in `.grad`) and again after.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -27,6 +32,59 @@ from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, traj
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.pipeline import staleness_stats
+
+
+def train_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    groups: list[TrajectoryGroup],
+    config: RunConfig,
+    loss_fn: Loss,
+    *,
+    sync: StepSync | None = None,
+) -> tuple[dict[str, float], list[TrainSequence]]:
+    """One training step on scored groups: (its statistics, the sequences it trained on).
+
+    The groups' turns must come from the live adapter or at most `rollout.max_staleness` versions
+    before it (`staleness_stats`, whose numbers are part of the statistics; 0: on-policy). Then
+    advantages and sequences, one optimizer step (none when every group was dropped; with `sync`,
+    this rank's share of it, see `optimize`), and the adapter is the next version. The update and
+    the version bump happen under the policy's lock, so no sampling batch sees the new weights
+    under the old version.
+    """
+    staleness = staleness_stats(groups, policy.adapters.version, config.rollout.max_staleness)
+    seqs, seq_stats = to_sequences(groups, config)
+    with policy.lock:
+        train_stats = (
+            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync) if seqs else {"loss": 0.0}
+        )
+        policy.adapters.bump()
+    return {**seq_stats, **train_stats, **staleness}, seqs
+
+
+def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
+    """Reward and success means of a step's rollouts (failed ones left out); without a `prefix`
+    (training, not validation) also the reward spread, each signal's mean, rollout and token counts."""
+    trajs = [t for g in groups for t in g.ok]
+    rewards = [t.reward for t in trajs]
+    out: dict[str, float] = {
+        f"{prefix}reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+        f"{prefix}success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs)
+        if trajs
+        else float("nan"),
+    }
+    if not prefix:
+        out["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        signals = sorted({k for t in trajs for k in t.rewards})
+        for name in signals:
+            vals = [t.rewards[name] for t in trajs if name in t.rewards]
+            out[f"reward/{name}_mean"] = statistics.fmean(vals)
+        out["rollouts"] = float(sum(len(g) for g in groups))
+        out["failed_rollouts"] = float(sum(len(g) - len(g.ok) for g in groups))
+        out["sampled_tokens"] = float(sum(t.num_sampled_tokens for t in trajs))
+        out["completion_tokens_mean"] = out["sampled_tokens"] / max(len(trajs), 1)
+    return out
 
 
 def to_sequences(

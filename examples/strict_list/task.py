@@ -5,9 +5,11 @@
 The reward is all or nothing, as in many real formats a downstream parser reads: 1.0 when the
 answer is three different members of the category, lowercase, separated by ", ", and nothing
 else (no period, no preamble, no numbering); else 0.0. SmolLM2-135M-Instruct rarely answers so
-on its own (it writes "Here are three fruits: 1. Apple ..."), so most groups start with equal
-rewards, which is what this task is for: checking that the run file's defaults (learning rate,
-refills of tied groups) learn from a sparse, strict reward, not only from `capitals`' graded one.
+on its own (it writes "These are three fruits that I ..."): about 1 in 32 answers at temperature 1
+passed with this system prompt, none with a plain instruction ("Answer with exactly three items,
+lowercase, separated by commas, and nothing else."). So most groups start with equal rewards,
+which is what this task is for: checking that the run file's defaults (learning rate, refills of
+tied groups) learn from a sparse, strict reward, not only from `capitals`' graded one.
 Train and validation use disjoint categories.
 """
 
@@ -338,7 +340,7 @@ CATEGORIES: dict[str, set[str]] = {
 }
 VALIDATION = ("planets", "birds", "flowers", "trees", "vehicles", "insects", "furniture", "fish")
 FORMAT = re.compile(r"[a-z]+(?: [a-z]+)?(?:, [a-z]+(?: [a-z]+)?){2}")
-SYSTEM_PROMPT = "Answer with exactly three items, lowercase, separated by commas, and nothing else."
+SYSTEM_PROMPT = "Reply with only a comma-separated list, like: red, green, blue"
 
 
 def score_answer(answer: str, category: str) -> tuple[float, str]:

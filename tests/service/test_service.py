@@ -343,6 +343,18 @@ def test_a_bad_model_config_is_refused_naming_the_field(tiny_model_dir, tmp_path
     asyncio.run(run())
 
 
+def test_an_unknown_route_lists_the_services_routes_too(tiny_model_dir, tmp_path):
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir) as (_, transport), http(transport) as client:
+            missing = await client.get("/v1/completions")
+            assert missing.status_code == 404
+            message = missing.json()["error"]["message"]
+            assert message.startswith("no route GET /v1/completions; this server has /v1/models")
+            assert "/v1/trainable_models" in message and "/v1/chat/completions" in message
+
+    asyncio.run(run())
+
+
 def test_model_names_are_checked_and_exist_ok_connects(tiny_model_dir, tmp_path):
     async def run():
         async with service(tmp_path / "svc", tiny_model_dir) as (_, transport):

@@ -74,13 +74,21 @@ def test_pure_rules():
     assert [refill_count(4, s, d, 3) for s, d in [(0, 0), (3, 0), (0, 2), (0, 3), (4, 0)]] == [3, 1, 1, 0, 0]
     lines = []
     warn = SparseRewardWarning(0.5, every=10, say=lines.append)
-    flags = [warn.observe(step, zero, 4, refill=False) for step, zero in [(1, 1), (2, 2), (3, 4), (12, 3)]]
+    flags = [warn.observe(step, zero, 4) for step, zero in [(1, 1), (2, 2), (3, 4), (12, 3)]]
     assert flags == [False, True, True, True]
     assert len(lines) == 2  # step 2, then not again until 10 steps later (step 12)
     assert (
         lines[0].startswith("step 2: 2 of 4 groups (50%) had all-equal rewards")
         and "refill_zero_variance" in lines[0]
     )
+    # with refills: a step whose draws found every group it wanted is not sparse, however many tied
+    refilled = SparseRewardWarning(0.5, every=10, say=lines.append)
+    assert [refilled.observe(step, 6, 8, refill_short=short) for step, short in [(1, 0), (2, 2)]] == [
+        False,
+        True,
+    ]
+    assert lines[-1].startswith("step 2: 6 of 8 groups (75%)")
+    assert "max_refill_draws ran out 2 group(s) short of groups_per_step" in lines[-1]
 
 
 def test_a_run_with_flat_groups_warns_in_one_line_and_in_the_report(tiny_model_dir, tmp_path, capsys):
@@ -99,10 +107,12 @@ def test_a_run_with_flat_groups_warns_in_one_line_and_in_the_report(tiny_model_d
     assert "Sparse rewards: 100% of groups had all-equal rewards" in report and "4 of 4 steps" in report
 
 
-def test_refill_draws_until_the_step_has_groups_with_signal(tiny_model_dir, tmp_path):
+def test_refill_draws_until_the_step_has_groups_with_signal(tiny_model_dir, tmp_path, capsys):
     flat = {0, 1, 2, 4, 5, 6}  # numbers 3 and 7 give rewards that differ
     config = _config(tiny_model_dir, tmp_path / "run", refill_zero_variance=True, max_refill_draws=8)
     rows = _steps(train(config, task=FlatTask(flat, **TASK)))
+    assert [r["sparse_rewards"] for r in rows] == [0.0] * 4  # every step found its groups: no warning
+    assert "all-equal" not in capsys.readouterr().err
     draws = _expected_draws(flat, 4, 2, 8)
     assert [r["refill_draws"] for r in rows] == draws and sum(draws) > 0
     assert [r["rollouts"] for r in rows] == [(2 + d) * 6 for d in draws]
@@ -117,7 +127,7 @@ def test_refill_stops_at_its_bound(tiny_model_dir, tmp_path, capsys):
     assert [r["refill_draws"] for r in rows] == [3.0] * 4
     assert [r["rollouts"] for r in rows] == [30.0] * 4  # (2 + 3) x 6, never more
     assert [r["groups_with_signal"] for r in rows] == [0.0] * 4
-    assert "rollout.max_refill_draws is too low" in capsys.readouterr().err
+    assert "rollout.max_refill_draws ran out 2 group(s) short" in capsys.readouterr().err
     assert "drew 12 extra scenarios" in (run_dir / "report.html").read_text()
     state = json.loads((run_dir / "checkpoints" / "step_000004" / "state.json").read_text())
     assert state["data_position"] == 4 * (2 + 3)

@@ -36,7 +36,8 @@ class RolloutConfig(Section):
     (groups_per_step + max_refill_draws) x group_size rollouts. Logged per step as `refill_draws`."""
     zero_variance_warning: float = Field(0.5, ge=0, le=1)
     """Say so on one line (at most once per 10 steps) when at least this fraction of a step's groups
-    had all-equal rewards; such steps are logged with `sparse_rewards = 1` and counted in the report."""
+    had all-equal rewards; such steps are logged with `sparse_rewards = 1` and counted in the report.
+    With `refill_zero_variance` the line and the flag mean that the refills ran out first."""
     max_staleness: int = Field(0, ge=0)
     """k: rollouts may run up to k steps ahead of the trainer, step t sampled by adapter version
     max(0, t - 1 - k) (`train.pipeline`). 0: strictly on-policy, each step waits for its rollouts

@@ -114,7 +114,7 @@ def create_app(
     async def _http_error(request: Request, exc: StarletteHTTPException):
         # unknown routes and methods: OpenAI's error shape, not FastAPI's {"detail": ...}
         if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}; this server has /v1/models, /v1/chat/completions, /health"
+            message = f"no route {request.method} {request.url.path}; this server has {', '.join(_served_paths(app))}"
             code = "not_found"
         elif exc.status_code == 405:
             message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
@@ -175,3 +175,11 @@ def serve(policy_or_app, *, host: str = "127.0.0.1", port: int = 8000, **options
 
     app = policy_or_app if isinstance(policy_or_app, FastAPI) else create_app(policy_or_app, **options)
     uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def _served_paths(app: FastAPI) -> list[str]:
+    """The fixed paths this app answers (a 404 lists them): the OpenAI routes, /health, and the
+    training service's or the admin routes where they are mounted (FastAPI's docs pages are not in
+    its schema)."""
+    paths = app.openapi().get("paths", {})  # built once, then cached by FastAPI; in the order added
+    return [p for p in paths if "{" not in p]

@@ -20,7 +20,7 @@ that produced it (checked against the step, so stale weights can't go unnoticed)
 Metric keys written per step (metrics.jsonl):
   step, reward_mean, reward_std, reward/<signal>_mean, success_rate, rollouts, failed_rollouts,
   groups_zero_variance_fraction, groups_with_signal, refill_draws, sparse_rewards (1 when the step's
-  share of equal-reward groups reached rollout.zero_variance_warning), advantage_abs_mean, loss,
+  share of equal-reward groups reached rollout.zero_variance_warning; with refills, when they ran out), advantage_abs_mean, loss,
   policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
   token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
@@ -293,11 +293,12 @@ async def run(
 
             counted = [g for g in groups if len(g.ok) >= 2]
             flat = len(counted) - groups_with_signal(counted)
+            short = max(0, r.groups_per_step - (len(counted) - flat)) if r.refill_zero_variance else None
             metrics: dict[str, Any] = {
                 "step": step,
                 "refill_draws": float(refill_draws),
                 "groups_with_signal": float(len(counted) - flat),
-                "sparse_rewards": float(sparse.observe(step, flat, len(counted), r.refill_zero_variance)),
+                "sparse_rewards": float(sparse.observe(step, flat, len(counted), short)),
                 **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,

@@ -51,16 +51,27 @@ class SparseRewardWarning:
         self.flagged = 0  # steps at or over the threshold so far (this process)
         self.last: int | None = None
 
-    def observe(self, step: int, zero_variance: int, groups: int, refill: bool) -> bool:
-        """Note a step's count of equal-reward groups; True when it is at or over the threshold."""
-        if not groups or zero_variance / groups < self.threshold:
+    def observe(self, step: int, zero_variance: int, groups: int, refill_short: int | None = None) -> bool:
+        """Note a step's count of equal-reward groups; True when the step is sparse.
+
+        `refill_short` is None without `rollout.refill_zero_variance`: the step is sparse when its
+        share of equal-reward groups reaches the threshold. With refills it is how many groups with
+        signal the step still lacked when the draws stopped: a step whose refills found all it
+        wanted is not sparse, however many tied groups they passed over (those are logged as
+        `groups_zero_variance_fraction`); one that ran out of draws is.
+        """
+        if refill_short is not None:
+            sparse = refill_short > 0 and groups > 0
+        else:
+            sparse = groups > 0 and zero_variance / groups >= self.threshold
+        if not sparse:
             return False
         self.flagged += 1
         if self.last is None or step - self.last >= self.every:
             self.last = step
             advice = (
-                "rollout.max_refill_draws is too low to find groups with signal"
-                if refill
+                f"rollout.max_refill_draws ran out {refill_short} group(s) short of groups_per_step"
+                if refill_short is not None
                 else "set rollout.refill_zero_variance = true to draw more scenarios"
             )
             self.say(

@@ -94,6 +94,18 @@ class ServerErrors:
             await JSONResponse(self.body(exc), status_code=500)(scope, receive, send)
 
 
+def bearer(scope: Scope) -> tuple[bytes, bytes | None]:
+    """(the request's `Authorization` header, the key it carries as `Bearer <key>`, else None)."""
+    header = dict(scope.get("headers") or []).get(b"authorization", b"")
+    scheme, _, sent = header.partition(b" ")
+    return header, sent.strip() if scheme.lower() == b"bearer" else None
+
+
+async def refuse_unauthorized(body: dict[str, Any], scope: Scope, receive: Receive, send: Send) -> None:
+    """The 401 for a request without a known key: `body` as JSON, with `WWW-Authenticate: Bearer`."""
+    await JSONResponse(body, status_code=401, headers={"www-authenticate": "Bearer"})(scope, receive, send)
+
+
 class ApiKey:
     """Answer 401 (`unauthorized(reason)`, a JSON body) to a request without `Authorization: Bearer <key>`.
 
@@ -110,13 +122,9 @@ class ApiKey:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, sent = header.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(sent.strip(), self.key):
+        header, sent = bearer(scope)
+        if sent is not None and hmac.compare_digest(sent, self.key):
             await self.app(scope, receive, send)
             return
         reason = "no API key was sent" if not header else "the API key is not this server's"
-        response = JSONResponse(
-            self.unauthorized(reason), status_code=401, headers={"www-authenticate": "Bearer"}
-        )
-        await response(scope, receive, send)
+        await refuse_unauthorized(self.unauthorized(reason), scope, receive, send)

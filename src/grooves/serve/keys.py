@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from grooves.asgi import bearer, refuse_unauthorized
 
 DEFAULT_TENANT = "default"
 """The tenant of every request to a server without keys, and of the single `--api-key`."""
@@ -100,15 +101,11 @@ class KeyCheck:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, sent = header.partition(b" ")
-        tenant = self.keys.tenant_of(sent.strip()) if scheme.lower() == b"bearer" else None
+        header, sent = bearer(scope)
+        tenant = self.keys.tenant_of(sent) if sent is not None else None
         if tenant is None:
             reason = "no API key was sent" if not header else "the API key is not one of this server's"
-            response = JSONResponse(
-                self.unauthorized(reason), status_code=401, headers={"www-authenticate": "Bearer"}
-            )
-            await response(scope, receive, send)
+            await refuse_unauthorized(self.unauthorized(reason), scope, receive, send)
             return
         token = _caller.set(tenant)
         try:

@@ -17,33 +17,11 @@ import argparse
 import asyncio
 import collections
 import json
-import math
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval for a binomial proportion (Wilson 1927, JASA 22:209-212):
-
-        (p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n),  p = successes / n,
-
-    z = 1.96 for 95%. Unlike p -/+ z sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty
-    at 0 or n successes (0 of 160 gives [0, 0.023]).
-
-    >>> [round(x, 4) for x in wilson_interval(0, 160)]
-    [0.0, 0.0234]
-    >>> [round(x, 4) for x in wilson_interval(80, 160)]
-    [0.4235, 0.5765]
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
 
 
 def main() -> None:
@@ -78,6 +56,7 @@ def main() -> None:
     from grooves.config import resolve_init_adapter
     from grooves.core.gather import gather
     from grooves.core.handle import ModelHandle
+    from grooves.core.intervals import wilson_interval
     from grooves.models import resolve_model
     from grooves.policy.transformers import TransformersPolicy
     from grooves.serve.app import inprocess_client

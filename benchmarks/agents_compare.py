@@ -1,0 +1,106 @@
+"""Pool evaluation episodes of two stages and compare them scenario by scenario.
+
+    python benchmarks/agents_compare.py --env corpus_search \
+        --a sft runs/agents/eval/sft_seed*_samples.jsonl \
+        --b sft+rl16 runs/agents/eval/rl16_seed*_samples.jsonl --json runs/agents/compare.json
+
+Each file is `benchmarks/agents_eval.py --samples-out` output (one trajectory a line). An episode
+succeeds when its grader scored 1.0. Reported per stage: success and mean reward over the pooled
+episodes with a Wilson 95% interval, and successes per scenario. For B - A: the difference in
+success with a 95% percentile bootstrap interval that resamples whole scenarios (the episodes of
+one scenario are correlated; pairing by scenario removes the scenarios' own difficulty), and how
+many scenarios B solved more often, less often or equally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from grooves.core.intervals import wilson_interval
+
+
+def load(files: list[Path]) -> dict[str, list[tuple[float, bool]]]:
+    """scenario id -> [(reward, success)] over every episode in `files`."""
+    by_scenario: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for path in files:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                reward = float(row.get("reward") or 0.0)
+                by_scenario[row["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
+    return dict(by_scenario)
+
+
+def summary(episodes: dict[str, list[tuple[float, bool]]]) -> dict:
+    flat = [e for eps in episodes.values() for e in eps]
+    wins = sum(s for _, s in flat)
+    low, high = wilson_interval(wins, len(flat))
+    return {
+        "success": wins / len(flat),
+        "reward": sum(r for r, _ in flat) / len(flat),
+        "episodes": len(flat),
+        "ci_low": low,
+        "ci_high": high,
+        "successes_per_scenario": {k: int(sum(s for _, s in v)) for k, v in sorted(episodes.items())},
+    }
+
+
+def paired_difference(a, b, *, resamples: int = 10_000, seed: int = 0) -> dict:
+    """B - A in success, bootstrapped over the scenarios both stages ran."""
+    shared = sorted(set(a) & set(b))
+    rate = lambda eps: sum(s for _, s in eps) / len(eps)  # noqa: E731
+    diffs = np.array([rate(b[k]) - rate(a[k]) for k in shared])  # [S]
+    rng = np.random.default_rng(seed)
+    draws = diffs[rng.integers(0, len(shared), size=(resamples, len(shared)))].mean(axis=1)  # [R]
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return {
+        "difference": float(diffs.mean()),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "scenarios": len(shared),
+        "scenarios_b_better": int((diffs > 0).sum()),
+        "scenarios_b_worse": int((diffs < 0).sum()),
+        "scenarios_equal": int((diffs == 0).sum()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--a", nargs="+", required=True, metavar=("STAGE", "FILE"))
+    parser.add_argument("--b", nargs="+", required=True, metavar=("STAGE", "FILE"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    (name_a, *files_a), (name_b, *files_b) = args.a, args.b
+    a, b = load([Path(f) for f in files_a]), load([Path(f) for f in files_b])
+    result = {
+        "env": args.env,
+        name_a: summary(a) | {"files": files_a},
+        name_b: summary(b) | {"files": files_b},
+        f"{name_b} - {name_a}": paired_difference(a, b),
+    }
+    for name in (name_a, name_b):
+        r = result[name]
+        print(
+            f"{args.env} {name}: success {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
+            f"over {r['episodes']} episodes, reward {r['reward']:.3f}"
+        )
+    d = result[f"{name_b} - {name_a}"]
+    print(
+        f"{name_b} - {name_a}: {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (bootstrap over "
+        f"{d['scenarios']} scenarios); better on {d['scenarios_b_better']}, worse on {d['scenarios_b_worse']}, "
+        f"equal on {d['scenarios_equal']}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -710,6 +710,42 @@ def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_p
     assert [r["step"] for r in _rows(out) if "loss" in r] == list(range(1, done + 2))
 
 
+class _SwallowsCancel(ToyTokensTask):
+    """At step 3 one rollout cancels the run's main task, then swallows the CancelledError that
+    reaches it and returns normally, as a library call that catches cancellation might."""
+
+    def __init__(self, per_step: int, **options):
+        super().__init__(**options)
+        self.per_step = per_step
+        self.training_rollouts = 0
+
+    async def rollout(self, model, scenario):
+        import asyncio
+
+        traj = await super().rollout(model, scenario)
+        if model.temperature == 1.0:  # training's; validation samples at 0.7
+            self.training_rollouts += 1
+        if self.training_rollouts == 2 * self.per_step + 1:  # the first of step 3
+            self.training_rollouts += 1
+            main = next(t for t in asyncio.all_tasks() if t.get_coro().__name__ == "run")
+            main.cancel()
+            try:
+                await asyncio.sleep(0.2)  # the cancellation arrives here, through the awaiting tasks
+            except asyncio.CancelledError:
+                pass
+        return traj
+
+
+def test_a_cancellation_a_rollout_swallows_still_stops_the_run_at_the_next_step(peaked_model_dir, tmp_path):
+    import asyncio
+
+    out = tmp_path / "run"
+    config = _config(peaked_model_dir, out, steps=8, validation__every=0, rollout__concurrency=1)
+    with pytest.raises(asyncio.CancelledError):
+        train(config, task=_SwallowsCancel(per_step=8 * 8, vocab_size=487, num_scenarios=16))
+    assert max(r["step"] for r in _rows(out) if "loss" in r) == 3  # step 3 finished, step 4 never began
+
+
 OVERFLOW_TASK = """
 from grooves.tasks.toy import ToyTokensTask
 

@@ -248,6 +248,10 @@ async def run(
         )
         closing.push_async_callback(ahead.close)  # rollouts still in flight are discarded
         while state.step < last:
+            if (me := asyncio.current_task()) is not None and me.cancelling():
+                # a Ctrl-C whose cancellation something below swallowed (a task awaited at that moment
+                # that finished normally) still stops the run, at this step boundary
+                raise asyncio.CancelledError
             step = state.step + 1
             t0 = time.perf_counter()
             # rollouts: started up to max_staleness steps ago, or now; every rank's share merged

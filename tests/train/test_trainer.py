@@ -684,7 +684,15 @@ def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_p
     cmd = [sys.executable, "-m", "grooves.cli", "train", str(run_file)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # a shell's background job (`make test &`, a CI runner) starts with SIGINT ignored, and an
+        # ignored signal stays ignored across exec: give the run a terminal's default Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 240
     while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():

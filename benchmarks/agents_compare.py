@@ -22,18 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from grooves.core.intervals import wilson_interval
+from grooves.core.intervals import bootstrap_interval, wilson_interval
+from grooves.jsonl import read_jsonl
 
 
 def load(files: list[Path]) -> dict[str, list[tuple[float, bool]]]:
     """scenario id -> [(reward, success)] over every episode in `files`."""
     by_scenario: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for path in files:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                reward = float(row.get("reward") or 0.0)
-                by_scenario[row["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
+        for row in read_jsonl(path):
+            reward = float(row.get("reward") or 0.0)
+            by_scenario[row["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
     return dict(by_scenario)
 
 
@@ -56,9 +55,9 @@ def paired_difference(a, b, *, resamples: int = 10_000, seed: int = 0) -> dict:
     shared = sorted(set(a) & set(b))
     rate = lambda eps: sum(s for _, s in eps) / len(eps)  # noqa: E731
     diffs = np.array([rate(b[k]) - rate(a[k]) for k in shared])  # [S]
-    rng = np.random.default_rng(seed)
-    draws = diffs[rng.integers(0, len(shared), size=(resamples, len(shared)))].mean(axis=1)  # [R]
-    low, high = np.quantile(draws, [0.025, 0.975])
+    low, high = bootstrap_interval(
+        [[d] for d in diffs], resamples=resamples, seed=seed
+    )  # a scenario per cluster
     return {
         "difference": float(diffs.mean()),
         "ci_low": float(low),

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grooves.jsonl import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {
     "float32": [],
@@ -44,7 +46,7 @@ def train(out: Path, arm: str, seed: int) -> None:
 
 
 def summarize(folder: Path) -> dict:
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(folder / "metrics.jsonl")
     steps = [r for r in rows if "seconds_step" in r]
     vals = {r["step"]: r for r in rows if "val/success_rate" in r}
     last = vals[max(vals)]

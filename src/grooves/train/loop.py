@@ -296,13 +296,13 @@ async def run(
             t_train = time.perf_counter()
 
             counted = [g for g in groups if len(g.ok) >= 2]
-            flat = len(counted) - groups_with_signal(counted)
-            short = max(0, r.groups_per_step - (len(counted) - flat)) if r.refill_zero_variance else None
+            signal = groups_with_signal(counted)
+            short = max(0, r.groups_per_step - signal) if r.refill_zero_variance else None
             metrics: dict[str, Any] = {
                 "step": step,
                 "refill_draws": float(refill_draws),
-                "groups_with_signal": float(len(counted) - flat),
-                "sparse_rewards": float(sparse.observe(step, flat, len(counted), short)),
+                "groups_with_signal": float(signal),
+                "sparse_rewards": float(sparse.observe(step, len(counted) - signal, len(counted), short)),
                 **reward_stats(groups),
                 **task_metrics(groups),
                 **score_metrics,

@@ -5,11 +5,10 @@
 The reward is all or nothing, as in many real formats a downstream parser reads: 1.0 when the
 answer is three different members of the category, lowercase, separated by ", ", and nothing
 else (no period, no preamble, no numbering); else 0.0. SmolLM2-135M-Instruct rarely answers so
-on its own (it writes "These are three fruits that I ..."): about 1 in 32 answers at temperature 1
-passed with this system prompt, none with a plain instruction ("Answer with exactly three items,
-lowercase, separated by commas, and nothing else."). So most groups start with equal rewards,
-which is what this task is for: checking that the run file's defaults (learning rate, refills of
-tied groups) learn from a sparse, strict reward, not only from `capitals`' graded one.
+on its own (it writes "These are three fruits that I ..."): in 9 RL steps of run.toml without its
+`[sft]` stage, 1 of 864 answers passed. So most groups start with equal rewards, which is what this
+task is for: checking that the run file's defaults (learning rate, refills of tied groups) learn
+from a sparse, strict reward, not only from `capitals`' graded one.
 Train and validation use disjoint categories.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -131,6 +132,33 @@ def test_refill_stops_at_its_bound(tiny_model_dir, tmp_path, capsys):
     assert "drew 12 extra scenarios" in (run_dir / "report.html").read_text()
     state = json.loads((run_dir / "checkpoints" / "step_000004" / "state.json").read_text())
     assert state["data_position"] == 4 * (2 + 3)
+
+
+class SlowFlatTask(FlatTask):
+    """FlatTask whose every rollout takes at least `delay` seconds; its scoring takes none."""
+
+    def __init__(self, flat: set[int], delay: float, **options):
+        super().__init__(flat, **options)
+        self.delay = delay
+
+    async def rollout(self, model, scenario):
+        await asyncio.sleep(self.delay)
+        return await super().rollout(model, scenario)
+
+
+def test_refill_rollouts_count_as_rollout_time_not_scoring_time(tiny_model_dir, tmp_path):
+    # every group ties, so each step refills to its bound of 3 scenarios in two rounds (2, then the 1
+    # left): three rounds of rollouts, each at least `delay` (a round's rollouts run concurrently)
+    delay = 0.3
+    config = _config(tiny_model_dir, tmp_path / "run", refill_zero_variance=True, max_refill_draws=3)
+    config = config.model_copy(update={"steps": 2})
+    rows = _steps(train(config, task=SlowFlatTask(set(range(8)), delay, **TASK)))
+    assert [r["refill_draws"] for r in rows] == [3.0, 3.0]
+    for row in rows:
+        assert row["seconds_rollout"] >= 3 * delay
+        assert row["seconds_score"] < delay  # the task scores in its rollout: nothing is left here
+        parts = row["seconds_rollout"] + row["seconds_score"] + row["seconds_train"]
+        assert parts <= row["seconds_step"] + 1e-6
 
 
 def test_a_resumed_run_refills_exactly_as_one_that_never_stopped(tiny_model_dir, tmp_path):

@@ -262,6 +262,7 @@ async def run(
             t_rollout = time.perf_counter()
             # rewards of whole groups: judges, reward models, gates (once, on rank 0)
             groups, score_metrics = await score_groups(score, groups, dp)
+            refill_s = 0.0  # refills' rollouts count as rollout time, not scoring time
             # dynamic sampling: more scenarios while too few groups have rewards that differ
             refill_draws, scored = 0, [(score_metrics, len(groups))]
             while r.refill_zero_variance and (
@@ -269,6 +270,7 @@ async def run(
                     r.groups_per_step, groups_with_signal(groups), refill_draws, r.max_refill_draws
                 )
             ):
+                t_refill = time.perf_counter()
                 extra = await gather(
                     rollouts.rollout,
                     handle,
@@ -280,6 +282,7 @@ async def run(
                     description=f"step {step} refill",
                     seed_key=(step, refill_draws),  # (step, draws before) never equals a first draw's (step,)
                 )
+                refill_s += time.perf_counter() - t_refill
                 refill_draws += more
                 extra, extra_metrics = await score_groups(score, extra, dp)
                 scored.append((extra_metrics, len(extra)))
@@ -312,8 +315,8 @@ async def run(
                 lr=lr,
                 micro_batch_tokens=config.optim.micro_batch_tokens,
                 adapter_version=policy.adapters.version,
-                seconds_rollout=t_rollout - t0,
-                seconds_score=t_score - t_rollout,
+                seconds_rollout=t_rollout - t0 + refill_s,
+                seconds_score=t_score - t_rollout - refill_s,
                 seconds_train=t_train - t_score,
             )
             if config.validation.every and step % config.validation.every == 0 or step == config.steps:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -210,7 +211,11 @@ class Worker:
                 return json.loads(line[len(MARK) :])
             self._log.write(line)
         self._log.flush()
-        raise RuntimeError(f"{self.name} worker exited (code {self.proc.wait()}); see {self.log_path}")
+        code = self.proc.wait()
+        # the log's end goes into the error: on a machine that is handed back after the run, the
+        # log file itself is gone
+        tail = "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"{self.name} worker exited (code {code}); the end of {self.log_path}:\n{tail}")
 
     @property
     def pids(self) -> list[int]:
@@ -576,16 +581,16 @@ def main() -> None:
             )
         )
     if not args.skip_trl:
-        if not Path(args.trl_python).exists():
+        # a bare name such as "python3" is looked up on PATH, as the subprocess will
+        found = shutil.which(args.trl_python)
+        if found is None:
             raise SystemExit(
                 f"{args.trl_python} not found: run benchmarks/setup_trl_env.sh (or make bench-trl) first"
             )
         total = args.warmup + args.steps
         trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
         trl_env = {**env, **allocator.ENVIRONMENT} if args.trl_malloc_env else env
-        workers.append(
-            Worker("trl", [args.trl_python, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work)
-        )
+        workers.append(Worker("trl", [found, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work))
     load_before = os.getloadavg()[0]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):

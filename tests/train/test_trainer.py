@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from grooves.config import parse_config
 from grooves.tasks.toy import ToyTokensTask
@@ -875,3 +876,13 @@ def test_train_step_takes_turns_of_the_live_adapter_or_at_most_rollout_max_stale
     finally:
         _restore(policy, before)
         policy.adapters.version = live
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_run_on_cuda_samples_and_trains_there(peaked_model_dir, tmp_path):
+    """The sampler's per-row settings and the trainer's batches must live on the model's device:
+    on a GPU, tensors left on the CPU stop the first step."""
+    run_dir = train(_config(peaked_model_dir, tmp_path / "cuda", steps=2, model__device="cuda"))
+    rows = [r for r in _rows(run_dir) if r.get("reward_mean") is not None]
+    assert [r["adapter_version"] for r in rows] == [1, 2]
+    assert max(r["mismatch_k3_mean"] for r in rows) < 1e-3

@@ -172,12 +172,13 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
     distribution as the logprob: the hooked logits at the row's temperature (1 for greedy rows).
     """
     logits = _hooked(logits, rows)
-    temps = torch.tensor([max(r.temperature, 1e-5) for r in rows], dtype=logits.dtype)  # [R]
-    greedy = torch.tensor([r.temperature == 0 for r in rows])  # [R]
+    device = logits.device
+    temps = torch.tensor([max(r.temperature, 1e-5) for r in rows], dtype=logits.dtype, device=device)  # [R]
+    greedy = torch.tensor([r.temperature == 0 for r in rows], device=device)  # [R]
     scaled = logits / temps[:, None]  # [R, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [R, V]
     probs = logp.exp()
-    top_ps = torch.tensor([r.top_p for r in rows], dtype=logits.dtype)
+    top_ps = torch.tensor([r.top_p for r in rows], dtype=logits.dtype, device=device)
     if bool((top_ps < 1).any()):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(dim=-1)
@@ -186,7 +187,8 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     # inverse-CDF draws: one uniform per row (from its own generator when seeded, so its draws
     # don't depend on its batch-mates) and one batched search, instead of torch.multinomial's
-    # exponential noise over the whole vocabulary for every row
+    # exponential noise over the whole vocabulary for every row. The generators are CPU ones, so a
+    # seeded row draws the same number on every device; the uniforms then move to the logits.
     uniforms = torch.empty(len(rows), dtype=torch.float64)
     unseeded = [j for j, r in enumerate(rows) if r.generator is None]
     if unseeded:
@@ -194,7 +196,7 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
     for j, r in enumerate(rows):
         if r.generator is not None:
             uniforms[j] = torch.rand((), generator=r.generator, dtype=torch.float64)
-    sampled = _inverse_cdf(probs, uniforms)
+    sampled = _inverse_cdf(probs, uniforms.to(device))
     tokens = sampled
     if bool(greedy.any()):  # greedy rows report the temperature-1 logprob (temperature 0 has no distribution)
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
@@ -294,6 +296,7 @@ def sample(
 
     while active:
         tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
+        token_list, logp_list = tokens.tolist(), logps.tolist()  # one device-to-host copy a step
         gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
         still: list[int] = []
         events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
@@ -302,9 +305,9 @@ def sample(
             if row.request in gone:
                 row.finish = "cancelled"
                 continue
-            tok = int(tokens[j])
+            tok = token_list[j]
             row.tokens.append(tok)
-            row.logprobs.append(float(logps[j]))
+            row.logprobs.append(logp_list[j])
             if row.top_k:
                 row.top.append(top[j])
             if tok in eos_token_ids:

@@ -244,7 +244,9 @@ def optimize(
     with gradient_step(policy, optimizer) as model, checkpointed_layers(model, opt.gradient_checkpointing):
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
         params = [p for p in model.parameters() if p.requires_grad]
+        device = model.get_input_embeddings().weight.device
         for batch, prefix_len in batches:
+            batch = batch.to(device)  # the loss reads its old logprobs, advantages and masks there too
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:

@@ -886,3 +886,13 @@ def test_a_run_on_cuda_samples_and_trains_there(peaked_model_dir, tmp_path):
     rows = [r for r in _rows(run_dir) if r.get("reward_mean") is not None]
     assert [r["adapter_version"] for r in rows] == [1, 2]
     assert max(r["mismatch_k3_mean"] for r in rows) < 1e-3
+
+
+def test_validation_at_start_false_scores_only_after_the_last_step(tiny_model_dir, tmp_path):
+    config = _config(
+        tiny_model_dir, tmp_path / "run", steps=2, validation__every=0, validation__at_start=False
+    )
+    validated = [r["step"] for r in _rows(train(config)) if "val/reward_mean" in r]
+    assert validated == [2]
+    default = _config(tiny_model_dir, tmp_path / "default", steps=2, validation__every=0)
+    assert [r["step"] for r in _rows(train(default)) if "val/reward_mean" in r] == [0, 2]

@@ -16,3 +16,6 @@ class ValidationConfig(Section):
     """Rollouts per held-out scenario; more gives a steadier success rate for the same scenarios."""
     temperature: float = Field(0.7, ge=0, le=2)
     """Sampling temperature of validation rollouts (training's is `rollout.temperature`)."""
+    at_start: bool = True
+    """Score the starting model before the first step; false skips that when it is already scored
+    (an `init_adapter` that its own run validated on the same scenarios and seeds)."""

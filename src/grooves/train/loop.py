@@ -202,7 +202,7 @@ async def run(
             )  # on resume: no step appears twice
             (run_dir / "config.toml").write_text(config_toml)
         no_success = _MissingSuccess(task, quiet=not dp.main)
-        if state.step == 0:
+        if state.step == 0 and config.validation.at_start:
             val_metrics, val_groups = await validate(task, handle, config, 0, rollouts.rollout, score, dp=dp)
             no_success.check(val_groups)
             if log is not None:

@@ -291,6 +291,9 @@ def sample(
     cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]
     decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
+    # a decoder that copied the prefill's cache into its own buffers leaves it to be freed here,
+    # not after the last decode step: on long chats it is as large as the decoder's
+    del cache, last_logits
     next_pos = positions[index, -1] + 1  # [R]
     active = list(range(len(rows)))
 

@@ -25,10 +25,14 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_workload import peak_rss_mib  # noqa: E402
 
 VARIANTS = ("on", "on-glibc-defaults", "off")
 
@@ -81,7 +85,7 @@ def worker(args) -> None:
         out = policy.generate(prompts, [params] * len(prompts))
         tokens += sum(len(c[0].token_ids) for c in out)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mib()
     print(
         json.dumps(
             {

@@ -4,7 +4,8 @@
         --a sft runs/agents/eval/sft_seed*_samples.jsonl \
         --b sft+rl16 runs/agents/eval/rl16_seed*_samples.jsonl --json runs/agents/compare.json
 
-Each file is `benchmarks/agents_eval.py --samples-out` output (one trajectory a line). An episode
+Each file is `benchmarks/agents_eval.py --samples-out` output (one trajectory a line) or a run's
+validation samples (`runs/NAME/samples/validation_STEP.jsonl`, one group a line). An episode
 succeeds when its grader scored 1.0. Reported per stage: success and mean reward over the pooled
 episodes with a Wilson 95% interval, and successes per scenario. For B - A: the difference in
 success with a 95% percentile bootstrap interval that resamples whole scenarios (the episodes of
@@ -31,8 +32,11 @@ def load(files: list[Path]) -> dict[str, list[tuple[float, bool]]]:
     by_scenario: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for path in files:
         for row in read_jsonl(path):
-            reward = float(row.get("reward") or 0.0)
-            by_scenario[row["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
+            for traj in row.get("trajectories", [row]):  # a group line holds its trajectories
+                if traj.get("error"):  # a failed rollout is not an episode, as in the run's validation
+                    continue
+                reward = float(traj.get("reward") or 0.0)
+                by_scenario[traj["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
     return dict(by_scenario)
 
 

@@ -220,3 +220,21 @@ def test_greedy_steps_give_transformers_logprobs_in_each_dtype(model_dir, dtype,
                 tokens, pos = logits.argmax(-1), pos + 1
             runs[fused] = torch.stack(steps)  # [steps, R, V]
     assert torch.allclose(runs[True], runs[False], atol=tol)
+
+
+def test_the_fused_decoder_empties_the_prefills_cache_as_it_copies_it(model_dir):
+    """On long chats each copy of the cache is gigabytes: the prefill's is emptied layer by layer
+    as the decoder copies it, and the decoder's copy holds what it held."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.randint(0, 400, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    decode = decoder_for(model, cache, mask, 9)
+    assert isinstance(decode, FusedDecode)
+    assert all(layer.keys.numel() == layer.values.numel() == 0 for layer in cache.layers)
+    for (k, v), keys, values in zip(before, decode.keys, decode.values, strict=True):
+        assert torch.equal(keys[:, :, :5], k) and torch.equal(values[:, :, :5], v)

@@ -187,3 +187,44 @@ def test_prompts_with_a_long_shared_start_prefill_it_once_and_sample_as_alone(mo
             assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 1e-4
     alone = _run(model, tok, [prompts[2]], [SamplingParams(max_tokens=14, temperature=0.0)])[0][0]
     assert results[2][0].token_ids == alone.token_ids == results[2][1].token_ids
+
+
+@pytest.mark.parametrize("shared_start", [False, True], ids=["left-padded", "shared-start"])
+def test_a_prefill_in_chunks_samples_what_one_forward_samples(model_and_tokenizer, monkeypatch, shared_start):
+    """Long prompts prefill a few columns at a time on the cache of the ones before: the same
+    tokens and logprobs as one forward over every column."""
+    from grooves.policy import sampling
+
+    model, tok = model_and_tokenizer
+    start = _ids(tok, "You are a helpful assistant. Answer the question. " * 4) if shared_start else []
+    prompts = [
+        start + _ids(tok, "yes"),
+        start + _ids(tok, "The quick brown fox jumps over the lazy dog, twice over."),
+        start + _ids(tok, "0 1 2"),
+    ]
+    params = [
+        SamplingParams(n=2, max_tokens=10, temperature=0.9),
+        SamplingParams(n=1, max_tokens=8, temperature=0.0),
+        SamplingParams(n=1, max_tokens=12, temperature=1.2),
+    ]
+    calls = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        whole = _run(model, tok, prompts, params)
+        whole_calls, calls[:] = len(calls), []
+        monkeypatch.setattr(sampling, "PREFILL_CHUNK_TOKENS", 3 * 4)  # 3 prompts: 4 columns a forward
+        chunked = _run(model, tok, prompts, params)
+    finally:
+        hook.remove()
+    rest = max(len(p) for p in prompts) - len(start)  # the columns after the shared start
+    chunks = -(-rest // 4)
+    assert len(calls) - whole_calls == chunks - 1
+    # the shared start once (one row), then the rest 4 columns at a time, then one-token decode steps
+    prefill = [tuple(s) for s in calls[: int(shared_start) + chunks]]
+    assert prefill == [(1, len(start))] * shared_start + [(3, min(4, rest - 4 * i)) for i in range(chunks)]
+    for a, b in zip(whole, chunked, strict=True):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)

@@ -288,11 +288,11 @@ def sample(
             )
             expand.append(slot[i])
     index = torch.tensor(expand, device=device)
-    cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
+    if expand != list(range(len(distinct))):  # n = 1 of distinct prompts (agent turns) needs no copy
+        cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
     logits = last_logits[index]  # [R, V]
     decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
-    # a decoder that copied the prefill's cache into its own buffers leaves it to be freed here,
-    # not after the last decode step: on long chats it is as large as the decoder's
+    # the fused decoder emptied the prefill's cache as it copied it; the plain one decodes on it
     del cache, last_logits
     next_pos = positions[index, -1] + 1  # [R]
     active = list(range(len(rows)))
@@ -349,6 +349,12 @@ def sample(
 MIN_SHARED_PREFILL = 32
 """Below this many leading tokens shared by every distinct prompt, one padded prefill is as cheap."""
 
+PREFILL_CHUNK_TOKENS = 4096
+"""Prompt tokens (rows x columns) one prefill forward runs at most. A forward's transients (the
+attention mask, the MLP's activations) grow with the tokens it runs: 16 agent chats of 2k tokens
+in one forward held about 1 GiB above their KV cache, half that in 256-column chunks
+(docs/speed.md), and at 4k tokens a forward already runs each weight over thousands of rows."""
+
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     """How many leading ids every prompt shares, leaving at least one id of each to prefill on top.
@@ -375,7 +381,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Any,
     rest of each prompt runs on top of it, left-padded to the longest rest: the mask is then
     [shared | padding | rest]. Without a long shared start, the prompts are left-padded and run
     as one batch. Either way each prompt's last token sits in the last column, the only one whose
-    logits are kept, and positions come from the mask, so padding never shifts them.
+    logits are kept, and positions come from the mask, so padding never shifts them. The rests run
+    `PREFILL_CHUNK_TOKENS` at a time, a chunk of columns on the cache of the ones before it: the
+    same attention, so the same cache and logits up to float rounding, with a bounded transient.
     """
     shared = shared_prefix_length(prompts) if len(prompts) > 1 else 0
     if shared < MIN_SHARED_PREFILL:
@@ -399,15 +407,19 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Any,
             torch.zeros(len(prompts), dtype=torch.long, device=device)
         )  # [1, ...] -> [U, ...]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]  # [U, width]
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=kept_positions(width - 1, width, device),
-    )
-    return out.past_key_values, out.logits[:, -1, :].float(), mask
+    columns = max(1, PREFILL_CHUNK_TOKENS // len(prompts))
+    for start in range(0, width, columns):
+        end = min(start + columns, width)
+        out = model(
+            input_ids=ids[:, start:end],
+            attention_mask=mask[:, : shared + end],  # the cache's columns and this chunk's
+            position_ids=positions[:, start:end],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=kept_positions(end - start - 1, end - start, device),
+        )
+        cache = out.past_key_values
+    return cache, out.logits[:, -1, :].float(), mask
 
 
 def _row_hooks(p: SamplingParams, vocab: int) -> list[RowLogits]:

@@ -223,11 +223,16 @@ class FusedDecode:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         for i, b in enumerate(blocks):
-            k, v = cache.layers[i].keys, cache.layers[i].values  # [R, KV, P, hd]
+            layer = cache.layers[i]
+            k, v = layer.keys, layer.values  # [R, KV, P, hd]
             self.keys.append(k.new_empty((rows, b.kv_heads, capacity, b.head_dim)))
             self.values.append(v.new_empty((rows, b.kv_heads, capacity, b.head_dim)))
             self.keys[-1][:, :, :width] = k
             self.values[-1][:, :, :width] = v
+            # the prefill's layer is emptied once copied, so the two caches never coexist whole
+            # (on long chats each is gigabytes); the caller drops the emptied cache
+            layer.keys, layer.values = k.new_empty(0), v.new_empty(0)
+            del k, v
         self.length = width
         """Columns of the cache filled so far; the same for every row (prompts are left-padded)."""
         self.bias: torch.Tensor | None = None
@@ -285,9 +290,11 @@ class FusedDecode:
         return logits[:, 0].float()
 
     def keep(self, index: torch.Tensor) -> None:
-        """Keep only these rows (finished rows leave the batch)."""
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
+        """Keep only these rows (finished rows leave the batch), a layer at a time: each old
+        layer is freed before the next is copied."""
+        for i in range(len(self.keys)):
+            self.keys[i] = self.keys[i].index_select(0, index)
+            self.values[i] = self.values[i].index_select(0, index)
         if self.bias is not None:
             self.bias = self.bias.index_select(0, index)
 

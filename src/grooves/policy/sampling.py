@@ -351,9 +351,9 @@ MIN_SHARED_PREFILL = 32
 
 PREFILL_CHUNK_TOKENS = 4096
 """Prompt tokens (rows x columns) one prefill forward runs at most. A forward's transients (the
-attention mask, the MLP's activations) grow with the tokens it runs: 16 agent chats of 2k tokens
-in one forward held about 1 GiB above their KV cache, half that in 256-column chunks
-(docs/speed.md), and at 4k tokens a forward already runs each weight over thousands of rows."""
+attention mask, the MLP's activations) grow with the tokens it runs, and 16 agent chats of 2k
+tokens are 32k of them (docs/speed.md, "The sampler's memory on long chats"); at 4k tokens a
+forward already runs each weight over thousands of rows."""
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:

@@ -47,9 +47,10 @@ def sft_run(tiny_model_dir, tmp_path_factory):
     return sft(config)
 
 
-def _config(model_dir, out, init, **lora):
+def _config(model_dir, out, init, algorithm=None, **lora):
     return parse_config(
         {
+            "algorithm": algorithm or {},
             "name": "warm",
             "output_dir": str(out),
             "seed": 1,
@@ -170,3 +171,73 @@ def test_the_commands_refuse_an_adapter_of_another_base_model_in_one_line(
         assert f"model.init_adapter: {adapter} was trained on base model " in lines[0]
         assert "Traceback" not in result.output
     assert not (tmp_path / "s").exists()  # refused before the folder or the model
+
+
+@pytest.mark.parametrize("reference", ["start", "base"])
+def test_the_kl_penalty_compares_with_the_adapter_the_run_started_from(
+    sft_run, tiny_model_dir, tmp_path, reference
+):
+    """kl_reference = "start": the first step's policy is the reference, so its KL is 0; "base": the
+    warm-started adapter is measured against the base model, which it differs from."""
+    checkpoint = sft_run / "checkpoints" / "step_000002"
+    config = _config(
+        tiny_model_dir, tmp_path / reference, checkpoint, algorithm={"kl_beta": 0.1, "kl_reference": reference}
+    )
+    run_dir = train(config)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if "kl_mean" in r)
+    assert first["step"] == 1
+    if reference == "start":
+        assert abs(first["kl_mean"]) < 1e-7
+    else:
+        assert first["kl_mean"] > 1e-4
+    saved = load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
+    after = load_file(str(run_dir / "checkpoints" / "step_000001" / "adapter" / "adapter_model.safetensors"))
+    assert after.keys() == saved.keys()  # the frozen reference is not part of the checkpoint
+    assert any(not torch.equal(saved[k], after[k]) for k in saved)  # the trained adapter still trains
+
+
+def test_the_kl_reference_loads_frozen_and_leaves_the_trained_adapter_active(sft_run, tiny_model_dir, tmp_path):
+    from grooves.train.step import KL_REFERENCE, load_kl_reference, reference_weights
+
+    checkpoint = sft_run / "checkpoints" / "step_000002"
+    policy = build_policy(_config(tiny_model_dir, tmp_path / "rl", checkpoint))
+    model = policy.model
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    load_kl_reference(model, checkpoint / "adapter")
+    assert model.active_adapter == "default"
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable == [n for n, flag in before.items() if flag]  # the reference's weights are frozen
+    assert all(".default." in n for n in trainable)
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        with reference_weights(model):
+            ref = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+    assert torch.allclose(own, ref, atol=1e-6)  # the same weights under another name
+    assert not torch.allclose(own, base, atol=1e-4)
+    assert model.active_adapter == "default"
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == trainable
+    assert KL_REFERENCE in model.peft_config
+
+
+def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_reference(sft_run, tiny_model_dir, tmp_path):
+    import shutil
+
+    from grooves.config import resolve_init_adapter
+    from grooves.train.loop import _kl_start_adapter
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(sft_run, run_dir / "sft")
+    data = _config(tiny_model_dir, run_dir, sft_run, algorithm={"kl_beta": 0.1}).model_dump(mode="json")
+    data["model"]["init_adapter"] = None  # as the run file says: the stage sets it at the start only
+    data["sft"] = {"data": str(tmp_path / "demos.jsonl")}
+    config = parse_config(data)
+    assert _kl_start_adapter(config, run_dir) == resolve_init_adapter(str(run_dir / "sft"))
+    assert (_kl_start_adapter(config, run_dir) / "adapter_config.json").is_file()
+    base = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_reference": "base"})})
+    assert _kl_start_adapter(base, run_dir) is None
+    off = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_beta": 0.0})})
+    assert _kl_start_adapter(off, run_dir) is None

@@ -36,14 +36,20 @@ class AlgorithmConfig(Section):
     paper. max_tokens is a per-turn budget: a multi-turn rollout may hold more sampled tokens than
     it, and each of them weighs the same 1 / constant as a one-turn rollout's."""
     kl_beta: float = Field(0.0, ge=0)
-    """Weight of the per-token KL penalty to the base model (adapter disabled), added to the loss
-    and aggregated like it. 0, the default, is no penalty (as in DAPO) and skips the reference
+    """Weight of the per-token KL penalty to the reference policy (`kl_reference`), added to the
+    loss and aggregated like it. 0, the default, is no penalty (as in DAPO) and skips the reference
     forward; `kl_kind` says which divergence a positive weight penalizes."""
+    kl_reference: Literal["start", "base"] = "start"
+    """What the KL penalty pulls toward. start: the policy the RL began from, i.e. the adapter of
+    `model.init_adapter` or of the `[sft]` stage, loaded a second time and kept frozen (the SFT
+    model as the reference, as in InstructGPT, Ouyang et al. 2022, arXiv 2203.02155), or the base
+    model when the run starts from a fresh adapter; base: the base model with no adapter, which
+    after a warm start pulls away from what SFT taught (tool calls the base never makes)."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """Which per-token estimator, d = lp_ref - lp, is differentiated as the penalty. The choice sets
     which KL the gradient pulls down (Tang & Munos 2025, arXiv 2506.09477; all on-policy, per token):
     k3 = exp(d) - d - 1 (GRPO's, the default): expected gradient that of KL(ref || pi), the
-    mass-covering direction, not KL(pi || ref); still a divergence to the base, zero only at it.
+    mass-covering direction, not KL(pi || ref); still a divergence to the reference, zero only at it.
     k2 = d^2 / 2: expected gradient exactly that of KL(pi || ref), the penalty as usually written.
     k1 = -d: zero expected gradient, the penalty does nothing but add noise; for comparison only.
     `kl_mean` in the metrics is the k3 estimate of KL(pi || ref) whichever is chosen."""

@@ -189,7 +189,7 @@ def kl_penalty(
     `[B, T] -> [B, T]`. With `mask`, d is set to 0 off the mask before anything is exponentiated,
     so prompt, tool text and padding give 0 whatever lp and lp_ref hold there (exp(d) of a large
     off-mask d would overflow to inf, and 0 * inf in the backward turns every gradient into NaN).
-    lp_ref comes from the same model with the adapter disabled.
+    lp_ref comes from the same model under the reference policy (the starting adapter or the base).
     """
     d = lp_ref - lp  # [B, T]
     if mask is not None:
@@ -298,7 +298,7 @@ def compute_loss(
         raise ValueError(f"unknown policy loss {policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
     if beta != 0.0 and lp_ref is None:
         raise ValueError(
-            f"beta={beta} needs reference logprobs lp_ref (adapter disabled); pass them or set beta=0"
+            f"beta={beta} needs reference logprobs lp_ref (the reference policy's); pass them or set beta=0"
         )
     if tis_cap is not None and not tis_cap >= 1.0:
         raise ValueError(f"tis_cap={tis_cap}: the truncation C must be >= 1 (a weight of 1 is no correction)")
@@ -371,7 +371,8 @@ class Loss:
 
     @property
     def needs_reference(self) -> bool:
-        """The KL penalty is on: each micro-batch needs `lp_ref`, its logprobs with the adapter disabled."""
+        """The KL penalty is on: each micro-batch needs `lp_ref`, its logprobs under the reference
+        policy (`train.step.reference_weights`: the starting adapter or the base model)."""
         return self.beta != 0.0
 
     def __call__(

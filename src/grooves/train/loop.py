@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from grooves.config import ConfigError, RunConfig, check_against_model, dump_config
+from grooves.config import ConfigError, RunConfig, check_against_model, dump_config, resolve_init_adapter
 from grooves.core.gather import RolloutFn, check_failures, gather
 from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import TrajectoryGroup
@@ -81,7 +81,7 @@ from grooves.train.runlog import (
 )
 from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
 from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
-from grooves.train.step import run_loss, train_step
+from grooves.train.step import load_kl_reference, run_loss, train_step
 from grooves.train.trackers import start_trackers
 from grooves.watch import Watch
 
@@ -149,6 +149,9 @@ async def run(
 
         # the policy behind an OpenAI-compatible client, the optimizer, the scenarios
         policy = build_policy(_on_device(config, dp.device(config.model.device)))
+        start = _kl_start_adapter(config, run_dir)
+        if start is not None:  # the KL penalty's reference: the adapter the RL began from, frozen
+            load_kl_reference(policy.model, start)
         config = _resolve_micro_batch(config, policy, dp.device(config.model.device))
         app = create_app(policy)
         closing.callback(
@@ -410,6 +413,18 @@ async def _sft_stage(
     except ChatError as exc:
         raise ConfigError(f"sft.data: {exc}") from None
     return config.model_copy(update={"model": config.model.model_copy(update={"init_adapter": str(folder)})})
+
+
+def _kl_start_adapter(config: RunConfig, run_dir: Path) -> Path | None:
+    """The adapter `algorithm.kl_reference = "start"` compares against: the one the RL began from
+    (`model.init_adapter`; on a resumed run with an `[sft]` stage, the stage's, which set it at the
+    start). None: no KL penalty, `kl_reference = "base"`, or a run from a fresh adapter (then the
+    start is the base model)."""
+    a = config.algorithm
+    if a.kl_beta == 0.0 or a.kl_reference != "start":
+        return None
+    source = config.model.init_adapter or (str(run_dir / "sft") if config.sft is not None else None)
+    return resolve_init_adapter(source) if source else None
 
 
 def _on_device(config: RunConfig, device: str) -> RunConfig:

@@ -18,6 +18,7 @@ import contextlib
 import math
 import statistics
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -144,6 +145,41 @@ def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[
             model.eval()
 
 
+KL_REFERENCE = "grooves-kl-reference"
+"""The peft adapter name of the frozen copy of the starting adapter (`algorithm.kl_reference`)."""
+
+
+def load_kl_reference(model: torch.nn.Module, adapter_path: str | Path) -> None:
+    """Load the adapter a run started from beside the trained one, frozen, as the KL penalty's
+    reference (`reference_weights`). peft's `load_adapter` changes which parameters train, so each
+    parameter's `requires_grad` is put back; the trained adapter stays the active one."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    active = model.active_adapter
+    model.load_adapter(str(adapter_path), adapter_name=KL_REFERENCE, is_trainable=False)
+    model.set_adapter(active)
+    for p, flag in flags:
+        p.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def reference_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inside: `model` computes the KL reference policy, the starting adapter when
+    `load_kl_reference` loaded one, else the base model (every adapter disabled)."""
+    if KL_REFERENCE not in getattr(model, "peft_config", {}):
+        with model.disable_adapter():
+            yield
+        return
+    active = model.active_adapter
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.set_adapter(KL_REFERENCE)
+    try:
+        yield
+    finally:
+        model.set_adapter(active)
+        for p, flag in flags:  # peft's set_adapter marks the active adapter trainable
+            p.requires_grad_(flag)
+
+
 @contextlib.contextmanager
 def checkpointed_layers(model: torch.nn.Module, on: bool) -> Iterator[None]:
     """transformers' gradient checkpointing of every decoder layer for the span, when `on`
@@ -250,7 +286,7 @@ def optimize(
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:
-                with torch.no_grad(), model.disable_adapter():
+                with torch.no_grad(), reference_weights(model):
                     lp_ref, _ = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)
             loss, stats = loss_fn(
                 lp,

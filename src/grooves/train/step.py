@@ -151,14 +151,11 @@ KL_REFERENCE = "grooves-kl-reference"
 
 def load_kl_reference(model: torch.nn.Module, adapter_path: str | Path) -> None:
     """Load the adapter a run started from beside the trained one, frozen, as the KL penalty's
-    reference (`reference_weights`). peft's `load_adapter` changes which parameters train, so each
-    parameter's `requires_grad` is put back; the trained adapter stays the active one."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
+    reference (`reference_weights`); the trained adapter stays the active one."""
     active = model.active_adapter
-    model.load_adapter(str(adapter_path), adapter_name=KL_REFERENCE, is_trainable=False)
-    model.set_adapter(active)
-    for p, flag in flags:
-        p.requires_grad_(flag)
+    with _same_trainable(model):
+        model.load_adapter(str(adapter_path), adapter_name=KL_REFERENCE, is_trainable=False)
+        model.set_adapter(active)
 
 
 @contextlib.contextmanager
@@ -170,13 +167,23 @@ def reference_weights(model: torch.nn.Module) -> Iterator[None]:
             yield
         return
     active = model.active_adapter
+    with _same_trainable(model):
+        model.set_adapter(KL_REFERENCE)
+        try:
+            yield
+        finally:
+            model.set_adapter(active)
+
+
+@contextlib.contextmanager
+def _same_trainable(model: torch.nn.Module) -> Iterator[None]:
+    """peft's load_adapter and set_adapter change which parameters train (the active adapter's);
+    every parameter's `requires_grad` is put back after."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.set_adapter(KL_REFERENCE)
     try:
         yield
     finally:
-        model.set_adapter(active)
-        for p, flag in flags:  # peft's set_adapter marks the active adapter trainable
+        for p, flag in flags:
             p.requires_grad_(flag)
 
 

@@ -181,7 +181,10 @@ def test_the_kl_penalty_compares_with_the_adapter_the_run_started_from(
     warm-started adapter is measured against the base model, which it differs from."""
     checkpoint = sft_run / "checkpoints" / "step_000002"
     config = _config(
-        tiny_model_dir, tmp_path / reference, checkpoint, algorithm={"kl_beta": 0.1, "kl_reference": reference}
+        tiny_model_dir,
+        tmp_path / reference,
+        checkpoint,
+        algorithm={"kl_beta": 0.1, "kl_reference": reference},
     )
     run_dir = train(config)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -197,7 +200,9 @@ def test_the_kl_penalty_compares_with_the_adapter_the_run_started_from(
     assert any(not torch.equal(saved[k], after[k]) for k in saved)  # the trained adapter still trains
 
 
-def test_the_kl_reference_loads_frozen_and_leaves_the_trained_adapter_active(sft_run, tiny_model_dir, tmp_path):
+def test_the_kl_reference_loads_frozen_and_leaves_the_trained_adapter_active(
+    sft_run, tiny_model_dir, tmp_path
+):
     from grooves.train.step import KL_REFERENCE, load_kl_reference, reference_weights
 
     checkpoint = sft_run / "checkpoints" / "step_000002"
@@ -223,7 +228,9 @@ def test_the_kl_reference_loads_frozen_and_leaves_the_trained_adapter_active(sft
     assert KL_REFERENCE in model.peft_config
 
 
-def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_reference(sft_run, tiny_model_dir, tmp_path):
+def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_reference(
+    sft_run, tiny_model_dir, tmp_path
+):
     import shutil
 
     from grooves.config import resolve_init_adapter
@@ -237,7 +244,9 @@ def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_referenc
     config = parse_config(data)
     assert _kl_start_adapter(config, run_dir) == resolve_init_adapter(str(run_dir / "sft"))
     assert (_kl_start_adapter(config, run_dir) / "adapter_config.json").is_file()
-    base = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_reference": "base"})})
+    base = config.model_copy(
+        update={"algorithm": config.algorithm.model_copy(update={"kl_reference": "base"})}
+    )
     assert _kl_start_adapter(base, run_dir) is None
     off = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_beta": 0.0})})
     assert _kl_start_adapter(off, run_dir) is None

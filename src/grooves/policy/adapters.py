@@ -34,6 +34,18 @@ def peft_wrapping() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def keep_requires_grad(model) -> Iterator[None]:
+    """Inside, peft may load, switch or delete adapters (its load/set/delete_adapter mark the active
+    adapter's weights trainable); after, every parameter that was there has its `requires_grad` back."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for p, flag in flags:  # parameters added meanwhile keep their own (frozen) setting
+            p.requires_grad_(flag)
+
+
 class PeftAdapters:
     """A peft model, its own adapter's version, and the extra adapters loaded into it."""
 
@@ -87,15 +99,9 @@ class PeftAdapters:
     def loaded(self) -> list[str]:
         return list(getattr(self.model, "peft_config", {}))
 
-    @contextlib.contextmanager
-    def keep_requires_grad(self) -> Iterator[None]:
+    def keep_requires_grad(self) -> contextlib.AbstractContextManager[None]:
         """peft's load/set/delete_adapter reset which adapter trains; the training adapter must keep training."""
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        try:
-            yield
-        finally:
-            for p, flag in flags:  # parameters added meanwhile keep their own (frozen) setting
-                p.requires_grad_(flag)
+        return keep_requires_grad(self.model)
 
     @contextlib.contextmanager
     def scope(self, adapter: str | None) -> Iterator[None]:

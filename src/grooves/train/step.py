@@ -31,6 +31,7 @@ from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.loss import Loss, StepCounts, build_loss
 from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
+from grooves.policy.adapters import keep_requires_grad
 from grooves.policy.base import Policy
 from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.pipeline import staleness_stats
@@ -153,7 +154,7 @@ def load_kl_reference(model: torch.nn.Module, adapter_path: str | Path) -> None:
     """Load the adapter a run started from beside the trained one, frozen, as the KL penalty's
     reference (`reference_weights`); the trained adapter stays the active one."""
     active = model.active_adapter
-    with _same_trainable(model):
+    with keep_requires_grad(model):
         model.load_adapter(str(adapter_path), adapter_name=KL_REFERENCE, is_trainable=False)
         model.set_adapter(active)
 
@@ -167,24 +168,12 @@ def reference_weights(model: torch.nn.Module) -> Iterator[None]:
             yield
         return
     active = model.active_adapter
-    with _same_trainable(model):
+    with keep_requires_grad(model):
         model.set_adapter(KL_REFERENCE)
         try:
             yield
         finally:
             model.set_adapter(active)
-
-
-@contextlib.contextmanager
-def _same_trainable(model: torch.nn.Module) -> Iterator[None]:
-    """peft's load_adapter and set_adapter change which parameters train (the active adapter's);
-    every parameter's `requires_grad` is put back after."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 @contextlib.contextmanager

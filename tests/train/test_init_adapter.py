@@ -250,3 +250,17 @@ def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_referenc
     assert _kl_start_adapter(base, run_dir) is None
     off = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_beta": 0.0})})
     assert _kl_start_adapter(off, run_dir) is None
+
+
+def test_a_run_with_a_kl_reference_resumes_from_its_checkpoint(sft_run, tiny_model_dir, tmp_path):
+    """The checkpoint holds the trained adapter alone; the reference loaded beside it is not
+    missing from it, and the resumed step still measures KL against the starting adapter."""
+    checkpoint = sft_run / "checkpoints" / "step_000002"
+    config = _config(tiny_model_dir, tmp_path / "rl", checkpoint, algorithm={"kl_beta": 0.1})
+    run_dir = train(config)
+    train(config.model_copy(update={"steps": 2}), resume=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kl = {r["step"]: r["kl_mean"] for r in rows if "kl_mean" in r}
+    assert sorted(kl) == [1, 2]
+    assert abs(kl[1]) < 1e-7 and kl[2] > 1e-6  # step 1 trained away from the reference
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()

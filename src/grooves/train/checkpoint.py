@@ -289,7 +289,7 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
         check_adapter_base(path / "adapter", base)  # logs a warning if the base's weights changed
     adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     try:
-        result = set_peft_model_state_dict(model, adapter)
+        result = set_peft_model_state_dict(model, adapter, adapter_name="default")
     except RuntimeError as exc:  # shapes differ: another lora.rank or base model
         detail = next(
             (line.strip() for line in str(exc).splitlines() if "size mismatch" in line),
@@ -298,7 +298,9 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
         raise CheckpointError(
             f"{path}: the adapter does not fit this run (lora.rank or model.base_model changed?): {detail}"
         ) from None
-    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    # only the trained adapter ("default") is saved; another one loaded beside it (the KL
+    # penalty's frozen reference) is missing from every checkpoint by design
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k and ".default." in k]
     unexpected = list(getattr(result, "unexpected_keys", []))
     if missing or unexpected:
         raise CheckpointError(

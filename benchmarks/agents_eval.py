@@ -1,6 +1,6 @@
-"""Held-out success of a model (base, SFT or RL adapter) on an environment's validation split.
+"""Held-out success of a model (base, SFT or RL adapter) on an environment's validation or test split.
 
-Each validation scenario is played `--samples` times through the policy server and the
+Each scenario of the split (`--split`, validation by default) is played `--samples` times through the policy server and the
 environment's own rollout, exactly as `grooves train` validates. Prints success (grader score
 1.0) with its 95% Wilson interval, mean reward, and what the episodes did (tool calls, errors,
 how they ended); `--out` merges the figures into a JSON file as
@@ -33,7 +33,13 @@ def main() -> None:
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument(
-        "--scenarios", type=int, default=20, help="validation scenarios (20 = the whole split)"
+        "--split",
+        default="validation",
+        choices=["validation", "test"],
+        help="validation: what runs score themselves on; test: held out from every run and choice",
+    )
+    parser.add_argument(
+        "--scenarios", type=int, default=None, help="the first N scenarios of the split (default: all)"
     )
     parser.add_argument("--samples", type=int, default=8, help="episodes per scenario")
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -71,7 +77,7 @@ def main() -> None:
     client = inprocess_client(policy)
     task = EnvironmentTask(args.env, max_turns=args.max_turns)
     handle = ModelHandle(client, "policy", args.temperature, 1.0, args.max_tokens, seed=args.seed)
-    scenarios = task.scenarios("validation")[: args.scenarios]
+    scenarios = task.scenarios(args.split)[: args.scenarios]
     t0 = time.perf_counter()
     groups = asyncio.run(
         gather(
@@ -103,6 +109,7 @@ def main() -> None:
         "tool_calls_per_episode": calls / max(len(ok), 1),
         "tool_error_fraction": errors / calls if calls else 0.0,
         "stop_reasons": dict(collections.Counter(t.metadata.get("stop_reason") for t in ok)),
+        "split": args.split,
         "scenarios": len(scenarios),
         "samples": args.samples,
         "temperature": args.temperature,
@@ -113,7 +120,7 @@ def main() -> None:
     }
     per_scenario = [sum(t.reward >= 1.0 for t in g.ok) for g in groups]
     print(
-        f"{args.env} {args.stage}: success {row['success']:.3f} [{low:.3f}, {high:.3f}] over {len(trajs)} episodes, "
+        f"{args.env} {args.stage} ({args.split}): success {row['success']:.3f} [{low:.3f}, {high:.3f}] over {len(trajs)} episodes, "
         f"reward {row['reward']:.3f}, {row['tool_calls_per_episode']:.1f} tool calls/episode "
         f"({row['tool_error_fraction']:.0%} errors), stops {row['stop_reasons']}, {seconds:.0f} s"
     )

@@ -102,8 +102,12 @@ def test_eval_prints_the_figures_with_their_intervals(toy_run):
         ),
         (["smollm2-135m", "--task", "nosuch"], "grooves eval: --task: 'nosuch' is not built in"),
         (
-            ["smollm2-135m", "--task", "toy_tokens", "--split", "test"],
-            "grooves eval: --split 'test': use validation or train",
+            ["smollm2-135m", "--task", "toy_tokens", "--split", "holdout"],
+            "grooves eval: --split 'holdout': use validation, test or train",
+        ),
+        (
+            ["smollm2-135m", "--task", "capitals", "--split", "test"],
+            "grooves eval: split 'test' is unknown; use 'train' or 'validation'",
         ),
     ],
 )

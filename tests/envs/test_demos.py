@@ -72,6 +72,9 @@ def test_validation_scenarios_are_never_demonstrated(corpus, tmp_path):
         cli_app, ["env", "demos", "corpus_search", "--split", "validation", "--out", str(out)]
     )
     assert result.exit_code == 2 and "train split only" in result.output
+    assert not any(s["id"] in text or s["prompt"] in text for s in corpus.scenarios("test"))
+    with pytest.raises(ValueError, match="split 'test': demonstrations come from the train split only"):
+        next(demonstrations(corpus, "test"))
 
 
 def test_wording_varies_by_seed_and_copy_and_the_calls_do_not(corpus):

@@ -49,7 +49,7 @@ def act(env, scenario, steps, answer):
 def test_validate_proves_each_grader(envs, name):
     report = envs[name].validate()
     assert report.ok, report.failures[:5]
-    assert report.scenarios == 100
+    assert report.scenarios == 200  # train, validation and test
     assert min(report.gold_scores) == 1.0
     assert max(report.bad_scores) <= 0.5
     assert len(report.bad_scores) >= 3 * report.scenarios  # the empty answer plus two bad solvers each
@@ -65,6 +65,25 @@ def test_environments_are_deterministic_in_their_seed():
     assert a.seed_db.serialize() == b.seed_db.serialize()
     assert a.scenarios("validation") != c.scenarios("validation")
     assert len(a.scenarios("train")) == 80 and len(a.scenarios("validation")) == 20
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_the_test_split_is_held_out_and_left_the_other_splits_as_they_were(envs, name):
+    """100 test scenarios, none asking what a train or validation scenario asks; the first 100
+    scenarios (train and validation) are the ones drawn before the test split existed."""
+    from grooves.envs.sqlite import SCENARIOS
+
+    env = envs[name]
+    train, validation, test = (env.scenarios(s) for s in ("train", "validation", "test"))
+    assert len(test) == 100
+    assert [s["id"] for s in test] == [f"{name}-{i:03d}" for i in range(100, 200)]
+    assert {s["split"] for s in test} == {"test"}
+    assert not {s["prompt"] for s in test} & {s["prompt"] for s in train + validation}
+    assert len({s["prompt"] for s in test}) == 100
+    # the draw of SCENARIOS alone, as before the test split: the same scenarios in the same splits
+    alone = env.spec.make_scenarios(env.seed_db.connection, env.data_seed, count=SCENARIOS)
+    assert [s for s in alone if s["split"] == "train"] == train
+    assert [s for s in alone if s["split"] == "validation"] == validation
 
 
 def test_support_desk_refund(envs):

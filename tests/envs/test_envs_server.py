@@ -131,10 +131,14 @@ def test_errors_are_json_4xx(tracker_url):
             "/sessions", content=b"x" * (33 * 2**20), headers={"content-type": "application/json"}
         )
         assert huge.status_code == 413 and huge.json()["error"] == "body_too_large"
-        split = http.get("/scenarios", params={"split": "test"})
+        split = http.get("/scenarios", params={"split": "holdout"})
         assert split.status_code == 400
         info = http.get("/env").json()
-        assert info["name"] == "issue_tracker" and info["scenarios"] == {"train": 80, "validation": 20}
+        assert info["name"] == "issue_tracker" and info["scenarios"] == {
+            "train": 80,
+            "validation": 20,
+            "test": 100,
+        }
 
 
 def test_idle_sessions_expire():
@@ -237,7 +241,7 @@ def test_a_remote_environment_runs_episodes_like_a_local_one():
         assert far.reward == near.reward == 1.0 and far.rewards == near.rewards
         assert far.metrics["env_tool_calls"] == near.metrics["env_tool_calls"] == 3
         report = remote.validate()
-        assert report.ok and report.scenarios == 100
+        assert report.ok and report.scenarios == 200
         assert httpx.get(f"{url}/env").json()["sessions"] == 0  # run_episode closed its session
         remote.close()
 

@@ -25,7 +25,7 @@ def list_envs() -> None:
 @app.command("scenarios")
 def scenarios(
     name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),
-    split: str = typer.Option("validation", help="train or validation"),
+    split: str = typer.Option("validation", help="train, validation or test"),
     seed: int = typer.Option(0, help="data seed"),
     limit: int = typer.Option(5, help="how many to print"),
 ) -> None:
@@ -52,7 +52,7 @@ def validate(
 def demos(
     name: str = typer.Argument(..., help=f"one of {', '.join(BUILTINS)}"),
     out: str = typer.Option(..., "--out", help="JSONL file to write (one chat per line)"),
-    split: str = typer.Option("train", help="train (validation scenarios are never demonstrated)"),
+    split: str = typer.Option("train", help="train (validation and test scenarios are never demonstrated)"),
     seed: int = typer.Option(0, help="data seed"),
     copies: int = typer.Option(1, min=1, help="chats per scenario, each worded anew"),
     wording_seed: int = typer.Option(0, help="seeds the choice of wording"),

@@ -35,7 +35,11 @@ def eval_command(
     option: list[str] = typer.Option(
         [], "--option", help="A task option, key=value (value parsed as TOML); default: the run's options."
     ),
-    split: str = typer.Option("validation", "--split", help="The task's split: validation or train."),
+    split: str = typer.Option(
+        "validation",
+        "--split",
+        help="The task's split: validation, test (held out from training and validation) or train.",
+    ),
     samples: int | None = typer.Option(
         None,
         "--samples",
@@ -74,13 +78,15 @@ def eval_command(
     """
     from grooves.config import ConfigError, parse_overrides
 
-    if split not in ("validation", "train"):
-        _fail(f"--split {split!r}: use validation or train")
+    if split not in ("validation", "test", "train"):
+        _fail(f"--split {split!r}: use validation, test or train")
     try:
         plan = _plan(target, select, base)
         settings = _settings(
             plan, task, option, parse_overrides, samples, scenarios, temperature, max_tokens, seed
         )
+        if not settings["task"].scenarios(split):  # before any weights load
+            raise ValueError(f"--split {split}: task {settings['task_name']} has no {split} scenarios")
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     result = asyncio.run(_run(plan, settings, split))

@@ -18,8 +18,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Split = Literal["train", "validation"]
-SPLITS: tuple[str, ...] = ("train", "validation")
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+"""train: what a run samples and demonstrations come from; validation: what a run scores itself on
+between steps (so choices of learning rate or step count are tuned against it); test: held out
+from both, for a final measurement that no choice was tuned on. An environment may leave a split
+empty."""
 
 Scenario = dict[str, Any]
 """One task instance: at least `id`, `env`, `split` and `prompt`; `expected` holds what the

@@ -15,8 +15,8 @@ call is introduced by one of a few short `PREFACES` (or none) and each answer is
 solver's phrasings, drawn from a generator seeded by (seed, scenario, copy); the tool calls and
 their arguments are what the episode needs and do not vary.
 
-Demonstrations come from the train split only: validation scenarios stay unseen, so validation
-measures what was learned rather than what was shown.
+Demonstrations come from the train split only: validation and test scenarios stay unseen, so
+they measure what was learned rather than what was shown.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def demonstrations(
     if split != "train":
         raise ValueError(
             f"split {split!r}: demonstrations come from the train split only, so the "
-            "validation scenarios stay unseen and validation measures what was learned"
+            "validation and test scenarios stay unseen and measure what was learned"
         )
     if copies < 1:
         raise ValueError(f"copies must be >= 1, got {copies}")

@@ -348,14 +348,27 @@ def play(
     return traj
 
 
-def assign_splits(env_name: str, scenarios: list[Scenario], validation_every: int = 5) -> list[Scenario]:
-    """Give each scenario an id and a split: every `validation_every`-th one is validation.
+SCENARIOS = 100
+"""Train and validation scenarios of a built-in environment (80 and 20)."""
+TEST_SCENARIOS = 100
+"""Test scenarios of a built-in environment, generated after the first `SCENARIOS` by the same
+seeded draw, so adding them left the train and validation scenarios as they were."""
+
+
+def assign_splits(
+    env_name: str, scenarios: list[Scenario], validation_every: int = 5, test_from: int | None = None
+) -> list[Scenario]:
+    """Give each scenario an id and a split: from index `test_from` on, test; before it, every
+    `validation_every`-th one is validation and the rest train.
 
     Scenarios are generated in a seeded random order, so this is a seeded random 80/20 split
     that never changes for a given seed (a validation score stays comparable across runs).
     """
     out = []
     for i, sc in enumerate(scenarios):
-        split = "validation" if i % validation_every == validation_every - 1 else "train"
+        if test_from is not None and i >= test_from:
+            split = "test"
+        else:
+            split = "validation" if i % validation_every == validation_every - 1 else "train"
         out.append({"id": f"{env_name}-{i:03d}", "env": env_name, "split": split, **sc})
     return out

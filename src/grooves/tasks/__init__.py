@@ -22,7 +22,8 @@ class Task(Protocol):
     name: str
 
     def scenarios(self, split: str) -> list[dict[str, Any]]:
-        """Scenarios of a split: `train` or `validation`. Each is a JSON-able dict."""
+        """Scenarios of a split: `train`, `validation`, or `test` where the task holds scenarios
+        back from both for a final measurement. Each is a JSON-able dict."""
         ...
 
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:

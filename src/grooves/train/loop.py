@@ -399,7 +399,7 @@ async def _sft_stage(
         )
     stage = config.sft
     try:
-        overlap = validation_overlap(read_chats(stage.data), list(task.scenarios("validation")))
+        overlap = validation_overlap(read_chats(stage.data), _held_out(task))
     except (ChatError, OSError) as exc:
         raise ConfigError(f"sft.data: {exc}") from None
     if overlap:
@@ -413,6 +413,16 @@ async def _sft_stage(
     except ChatError as exc:
         raise ConfigError(f"sft.data: {exc}") from None
     return config.model_copy(update={"model": config.model.model_copy(update={"init_adapter": str(folder)})})
+
+
+def _held_out(task: Task) -> list[dict[str, Any]]:
+    """The scenarios no training data may show: validation, and test where the task has that split."""
+    held = list(task.scenarios("validation"))
+    try:
+        held += task.scenarios("test")
+    except ValueError:  # a task of train and validation only (capitals)
+        pass
+    return held
 
 
 def _kl_start_adapter(config: RunConfig, run_dir: Path) -> Path | None:

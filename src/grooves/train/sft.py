@@ -355,6 +355,7 @@ def validation_overlap(chats: list[dict[str, Any]], validation: list[dict[str, A
                 hit = prompts[m["content"]]
         if hit is not None:
             return (
-                f"line {chat['line']}: demonstrates validation scenario {hit.get('id', hit.get('prompt'))!r}"
+                f"line {chat['line']}: demonstrates {hit.get('split', 'validation')} scenario "
+                f"{hit.get('id', hit.get('prompt'))!r}"
             )
     return None

@@ -20,7 +20,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import integers, mentions, mentions_any
-from grooves.envs.sqlite import Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
 from grooves.envs.tools import Tool, ToolContext, ToolError, integer, obj, string
 
 PAGE_CHARS = 300
@@ -300,7 +300,9 @@ TOOLS = [
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
-def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> list[Scenario]:
+def make_scenarios(
+    conn: sqlite3.Connection, seed: int, count: int = SCENARIOS + TEST_SCENARIOS
+) -> list[Scenario]:
     """Single-fact questions on every entity type, and two-hop questions through a company's town."""
     rng = random.Random(f"corpus_search:scenarios:{seed}")
     world = entities(seed)
@@ -360,7 +362,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
         if any(sc["prompt"] == q for sc in out):
             continue
         out.append({"prompt": q, "expected": {"kind": kind, **exp}})
-    return assign_splits("corpus_search", out)
+    return assign_splits("corpus_search", out, test_from=SCENARIOS)
 
 
 # ---- grader ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions, mentions_any, money
-from grooves.envs.sqlite import Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
 from grooves.envs.state import changed_keys
 from grooves.envs.tools import Tool, ToolContext, ToolError, integer, obj, string
 
@@ -311,7 +311,9 @@ def _cheapest(options: list[tuple[str, str, int]]) -> str | None:
     return min(options, key=lambda o: o[2])[0]
 
 
-def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> list[Scenario]:
+def make_scenarios(
+    conn: sqlite3.Connection, seed: int, count: int = SCENARIOS + TEST_SCENARIOS
+) -> list[Scenario]:
     """Book-the-cheapest, book-the-earliest, and change requests with a cost limit."""
     rng = random.Random(f"flight_booking:scenarios:{seed}")
     routes = conn.execute("SELECT DISTINCT origin, destination FROM flights ORDER BY 1, 2").fetchall()
@@ -320,7 +322,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                                b.fare_paid_cents FROM bookings b JOIN passengers p ON p.id = b.passenger_id
                                JOIN flights f ON f.id = b.flight_id ORDER BY b.id""").fetchall()
     out: list[Scenario] = []
-    while len(out) < count:
+    while len(out) < count:  # distinct requests: none in validation or test is also a train request
         kind = rng.choice(["cheapest", "earliest", "change"])
         if kind == "change":
             bid, name, email, origin, dest, day, fare, paid = rng.choice(bookings)
@@ -351,8 +353,10 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 f"on day {day}, please."
             )
             exp = {"passenger_id": pid, "flight_id": target, "route": [origin, dest, day]}
+        if any(sc["prompt"] == prompt for sc in out):
+            continue
         out.append({"prompt": prompt, "email": email, "expected": {"kind": kind, **exp}})
-    return assign_splits("flight_booking", out)
+    return assign_splits("flight_booking", out, test_from=SCENARIOS)
 
 
 # ---- grader ------------------------------------------------------------------------------------
@@ -495,7 +499,10 @@ def bad(sc: Scenario) -> list[Solver]:
             return f"Changed {b['id']}."
         origin, dest, day = exp["route"]
         flights = call("search_flights", {"origin": origin, "destination": dest, "day": day})["flights"]
-        open_ = [f for f in flights if f["seats_left"] > 0 and f["id"] != exp["flight_id"]] or flights
+        open_ = [f for f in flights if f["seats_left"] > 0 and f["id"] != exp["flight_id"]]
+        if not open_:  # the wanted flight is the day's only open one: the sloppy agent takes the next day's
+            later = call("search_flights", {"origin": origin, "destination": dest, "day": day % 14 + 1})
+            open_ = [f for f in later["flights"] if f["seats_left"] > 0] or flights
         held = call("hold_seat", {"flight_id": open_[-1]["id"], "passenger_id": me["id"]})
         call("hold_seat", {"flight_id": exp["flight_id"], "passenger_id": me["id"]})
         if "held" in held:

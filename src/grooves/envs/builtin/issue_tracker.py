@@ -14,7 +14,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions
-from grooves.envs.sqlite import Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
 from grooves.envs.state import changed_keys, like_pattern
 from grooves.envs.tools import Tool, ToolContext, ToolError, obj, string
 
@@ -327,7 +327,9 @@ TOOLS = [
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
-def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> list[Scenario]:
+def make_scenarios(
+    conn: sqlite3.Connection, seed: int, count: int = SCENARIOS + TEST_SCENARIOS
+) -> list[Scenario]:
     """File-and-link, reassign, close and mark-duplicate requests, naming issues by title."""
     rng = random.Random(f"issue_tracker:scenarios:{seed}")
     issues = [
@@ -378,7 +380,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 "expected": {"kind": kind, "key": target["key"], **exp},
             }
         )
-    return assign_splits("issue_tracker", out)
+    return assign_splits("issue_tracker", out, test_from=SCENARIOS)
 
 
 # ---- grader ------------------------------------------------------------------------------------

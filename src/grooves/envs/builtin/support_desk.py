@@ -14,7 +14,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions, mentions_any, mentions_money, money, states_number
-from grooves.envs.sqlite import Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
 from grooves.envs.state import changed_keys, like_pattern
 from grooves.envs.tools import Tool, ToolContext, ToolError, obj, string
 
@@ -331,7 +331,9 @@ TOOLS = [
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
-def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> list[Scenario]:
+def make_scenarios(
+    conn: sqlite3.Connection, seed: int, count: int = SCENARIOS + TEST_SCENARIOS
+) -> list[Scenario]:
     """Refund and replacement requests (half allowed by policy, half not) and product questions."""
     rng = random.Random(f"support_desk:scenarios:{seed}")
     pairs = conn.execute(
@@ -399,7 +401,7 @@ def make_scenarios(conn: sqlite3.Connection, seed: int, count: int = 100) -> lis
                 },
             }
         )
-    return assign_splits("support_desk", out)
+    return assign_splits("support_desk", out, test_from=SCENARIOS)
 
 
 # ---- grader ------------------------------------------------------------------------------------

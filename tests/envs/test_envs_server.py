@@ -91,6 +91,16 @@ def test_two_concurrent_sessions_are_isolated(tracker_url):
     remote.close()
 
 
+def test_a_split_the_server_lacks_is_a_value_error_like_a_local_one(tracker_url):
+    remote = RemoteEnvironment(tracker_url)
+    assert len(remote.scenarios("test")) == 100
+    with pytest.raises(ValueError, match="split 'holdout': split must be one of"):
+        remote.scenarios("holdout")
+    with pytest.raises(ValueError):
+        get_env("issue_tracker").scenarios("holdout")  # type: ignore[arg-type]
+    remote.close()
+
+
 def test_snapshot_restore_and_fork_over_http(tracker_url):
     remote = RemoteEnvironment(tracker_url)
     episode = remote.reset(remote.scenarios("validation")[0])

@@ -25,6 +25,7 @@ class RemoteEnvError(RuntimeError):
     def __init__(self, status: int, detail: str):
         super().__init__(f"environment server answered {status}: {detail}")
         self.status = status
+        self.detail = detail
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -58,8 +59,14 @@ class RemoteEnvironment:
         return Limits.model_validate(self._describe()["limits"])
 
     def scenarios(self, split: Split) -> list[Scenario]:
-        """The server's scenarios without their answers (`expected` stays on the server, which grades)."""
-        return _check(self._http.get("/scenarios", params={"split": split})).json()
+        """The server's scenarios without their answers (`expected` stays on the server, which grades).
+        A split the server does not have raises ValueError, as a local environment's does."""
+        try:
+            return _check(self._http.get("/scenarios", params={"split": split})).json()
+        except RemoteEnvError as exc:
+            if exc.status == 400:  # an unknown split (an older server has no test split)
+                raise ValueError(f"split {split!r}: {exc.detail}") from None
+            raise
 
     def reset(self, scenario: Scenario) -> RemoteEpisode:
         body = _check(self._http.post("/sessions", json={"scenario": scenario})).json()

@@ -147,14 +147,14 @@ class PackedKernels:
     weights) emits for a linear layer; here they run without compiling anything. A group's
     weights are packed as one matrix even when they are not rows of one buffer.
 
-    A single row runs MKL's `x W^T` instead where the group is one matrix (its rows in one
-    buffer, as the folded weights are): at one row MKL takes its matrix-vector kernel, which
-    read the weights 3.6-5.6x faster than oneDNN's on this CPU, where from two rows on oneDNN's
-    packed kernel was the faster by 1.9-4.3x (medians, `benchmarks/bench_decode_kernels.py`,
-    docs/speed.md).
+    Every row count runs the packed kernel, one row included. An earlier measurement at load
+    average 8-12 had MKL's matrix-vector kernel the faster at one row (3.6-5.6x); on a quiet
+    machine the packed kernel was the faster in every round at one row too (1.65-2.02x, packed
+    for 8 rows as here; docs/results/decode_kernels_quiet.json). `packed_from_rows = 2` brings
+    back MKL's `x W^T` for a single row where the group is one matrix.
     """
 
-    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 2):
+    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 1):
         self.packed = _Prepared(stamp)
         self.rows_hint = rows_hint
         self.packed_from_rows = packed_from_rows
@@ -171,7 +171,9 @@ class PackedKernels:
         out = sum(w.shape[0] for w in weights)
 
         def pack():
-            joined = weights[0] if len(weights) == 1 else torch.cat(weights)
+            # the folded weights of a group are rows of one buffer: packed from it without a copy
+            joined = weights[0] if len(weights) == 1 else fused_weight(weights)
+            joined = torch.cat(weights) if joined is None else joined
             return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
 
         packed = self.packed.get(weights, pack)

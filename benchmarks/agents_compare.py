@@ -12,6 +12,11 @@ success with a 95% percentile bootstrap interval that resamples whole scenarios 
 one scenario are correlated; pairing by scenario removes the scenarios' own difficulty), and how
 many scenarios B solved more often, less often or equally; and Newcombe's interval of the
 difference, which treats every episode as independent (narrower, and optimistic here).
+
+`--earlier COMPARE.json` pools in the episodes of an earlier comparison of the same two adapters
+(this script's `--json` output, the same stage names) whose sample files are gone: its
+successes per scenario count as episodes (each scenario with the same number of episodes), and its
+rewards enter only through each stage's mean reward, which is all that file keeps.
 """
 
 from __future__ import annotations
@@ -38,6 +43,22 @@ def load(files: list[Path]) -> dict[str, list[tuple[float, bool]]]:
                 reward = float(traj.get("reward") or 0.0)
                 by_scenario[traj["metadata"]["scenario_id"]].append((reward, reward >= 1.0))
     return dict(by_scenario)
+
+
+def earlier_episodes(stage: dict) -> dict[str, list[tuple[float, bool]]]:
+    """A stage of an earlier comparison's JSON as episodes: per scenario its successes and failures,
+    each episode carrying the stage's mean reward (the file keeps no per-episode rewards)."""
+    counts = stage["successes_per_scenario"]
+    per_scenario, extra = divmod(stage["episodes"], len(counts))
+    if extra:
+        raise ValueError(
+            f"--earlier: {stage['episodes']} episodes over {len(counts)} scenarios is not the same number "
+            "per scenario, so the successes per scenario do not say how many episodes each had"
+        )
+    reward = float(stage["reward"])
+    return {
+        k: [(reward, True)] * wins + [(reward, False)] * (per_scenario - wins) for k, wins in counts.items()
+    }
 
 
 def summary(episodes: dict[str, list[tuple[float, bool]]]) -> dict:
@@ -91,13 +112,22 @@ def main() -> None:
     parser.add_argument("--a", nargs="+", required=True, metavar=("STAGE", "FILE"))
     parser.add_argument("--b", nargs="+", required=True, metavar=("STAGE", "FILE"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--earlier", type=Path, help="an earlier comparison's --json to pool in")
     args = parser.parse_args()
     (name_a, *files_a), (name_b, *files_b) = args.a, args.b
     a, b = load([Path(f) for f in files_a]), load([Path(f) for f in files_b])
+    if args.earlier:
+        earlier = json.loads(args.earlier.read_text())
+        for name, episodes in ((name_a, a), (name_b, b)):
+            if name not in earlier:
+                parser.error(f"--earlier {args.earlier} has no stage {name!r}; it has {sorted(earlier)}")
+            for k, eps in earlier_episodes(earlier[name]).items():
+                episodes.setdefault(k, []).extend(eps)
     result = {
         "env": args.env,
         name_a: summary(a) | {"files": files_a},
         name_b: summary(b) | {"files": files_b},
+        **({"earlier": str(args.earlier)} if args.earlier else {}),
         f"{name_b} - {name_a}": paired_difference(a, b),
     }
     low, high = newcombe_difference(result[name_a], result[name_b])

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from agents_compare import load, newcombe_difference, paired_difference, summary
+from agents_compare import earlier_episodes, load, newcombe_difference, paired_difference, summary
 
 from grooves.core.intervals import wilson_interval
 
@@ -57,3 +57,18 @@ def test_newcombes_interval_matches_the_papers_example():
     b = dict(zip(("ci_low", "ci_high"), wilson_interval(56, 70), strict=True), success=56 / 70)
     low, high = newcombe_difference(a, b)
     assert low == pytest.approx(0.0524, abs=2e-4) and high == pytest.approx(0.3339, abs=2e-4)
+
+
+def test_an_earlier_comparisons_counts_pool_in_as_episodes_with_its_mean_reward(tmp_path):
+    new = tmp_path / "new.jsonl"
+    _write(new, [_traj("s1", 1.0), _traj("s2", 0.5)])
+    earlier = {"episodes": 4, "reward": 0.6, "successes_per_scenario": {"s1": 2, "s2": 1}}
+    episodes = load([new])
+    for k, eps in earlier_episodes(earlier).items():
+        episodes[k].extend(eps)
+    s = summary(episodes)
+    assert s["episodes"] == 6 and s["successes_per_scenario"] == {"s1": 3, "s2": 1}
+    # the pooled mean reward is exact: 4 earlier episodes at their mean 0.6, then 1.0 and 0.5
+    assert s["reward"] == pytest.approx((4 * 0.6 + 1.0 + 0.5) / 6)
+    with pytest.raises(ValueError, match="not the same number per scenario"):
+        earlier_episodes({"episodes": 5, "reward": 0.1, "successes_per_scenario": {"s1": 1, "s2": 0}})

@@ -61,6 +61,12 @@ def earlier_episodes(stage: dict) -> dict[str, list[tuple[float, bool]]]:
     }
 
 
+def add_earlier(episodes: dict[str, list[tuple[float, bool]]], stage: dict) -> None:
+    """Pool a stage of an earlier comparison's JSON (`earlier_episodes`) into `episodes`, in place."""
+    for k, eps in earlier_episodes(stage).items():
+        episodes.setdefault(k, []).extend(eps)
+
+
 def summary(episodes: dict[str, list[tuple[float, bool]]]) -> dict:
     flat = [e for eps in episodes.values() for e in eps]
     wins = sum(s for _, s in flat)
@@ -121,8 +127,7 @@ def main() -> None:
         for name, episodes in ((name_a, a), (name_b, b)):
             if name not in earlier:
                 parser.error(f"--earlier {args.earlier} has no stage {name!r}; it has {sorted(earlier)}")
-            for k, eps in earlier_episodes(earlier[name]).items():
-                episodes.setdefault(k, []).extend(eps)
+            add_earlier(episodes, earlier[name])
     result = {
         "env": args.env,
         name_a: summary(a) | {"files": files_a},

@@ -3,7 +3,14 @@
 import json
 
 import pytest
-from agents_compare import earlier_episodes, load, newcombe_difference, paired_difference, summary
+from agents_compare import (
+    add_earlier,
+    earlier_episodes,
+    load,
+    newcombe_difference,
+    paired_difference,
+    summary,
+)
 
 from grooves.core.intervals import wilson_interval
 
@@ -64,8 +71,7 @@ def test_an_earlier_comparisons_counts_pool_in_as_episodes_with_its_mean_reward(
     _write(new, [_traj("s1", 1.0), _traj("s2", 0.5)])
     earlier = {"episodes": 4, "reward": 0.6, "successes_per_scenario": {"s1": 2, "s2": 1}}
     episodes = load([new])
-    for k, eps in earlier_episodes(earlier).items():
-        episodes[k].extend(eps)
+    add_earlier(episodes, earlier)
     s = summary(episodes)
     assert s["episodes"] == 6 and s["successes_per_scenario"] == {"s1": 3, "s2": 1}
     # the pooled mean reward is exact: 4 earlier episodes at their mean 0.6, then 1.0 and 0.5

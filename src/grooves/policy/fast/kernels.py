@@ -50,8 +50,11 @@ def plain_linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] 
 
 
 def fused_weight(weights: list[torch.Tensor]) -> torch.Tensor | None:
-    """The [sum of rows, in] matrix the weights form if they are consecutive rows of one buffer, else None."""
+    """The [sum of rows, in] matrix the weights form without a copy: a single weight itself, several
+    if they are consecutive rows of one buffer; else None."""
     first = weights[0]
+    if len(weights) == 1:
+        return first
     for prev, w in zip(weights, weights[1:], strict=False):
         if not (
             w.is_contiguous()
@@ -95,7 +98,7 @@ class PlainKernels:
         if any(p is None for p in plain):
             return None
         weights = [w for w, _ in plain]
-        weight = weights[0] if len(weights) == 1 else fused_weight(weights)
+        weight = fused_weight(weights)
         if weight is None:
             return None
         bias = _joined_bias(weights, [b for _, b in plain])
@@ -172,12 +175,13 @@ class PackedKernels:
 
         def pack():
             # the folded weights of a group are rows of one buffer: packed from it without a copy
-            joined = weights[0] if len(weights) == 1 else fused_weight(weights)
+            joined = fused_weight(weights)
             joined = torch.cat(weights) if joined is None else joined
             return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
 
         packed = self.packed.get(weights, pack)
-        plain = PlainKernels().group(modules)  # None: the group's weights are not one matrix
+        # MKL for fewer rows (None: the group's weights are not one matrix); not built when unused
+        plain = PlainKernels().group(modules) if self.packed_from_rows > 1 else None
 
         def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
             rows = x.shape[0]

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from grooves.config import LoraConfig
+from grooves.policy import sampling
 from grooves.policy.fast import FastPaths
-from grooves.policy.fast.decode import FusedDecode, MatmulPlan, _blocks_of, decoder_for
+from grooves.policy.fast.decode import FusedDecode, FusedPrefill, MatmulPlan, _blocks_of, decoder_for
 from grooves.policy.sampling import SamplingParams, TransformersDecode, sample
 from grooves.policy.transformers import TransformersPolicy
 from tiny_models import build_tiny_model_dir
@@ -78,6 +79,40 @@ def test_fused_decode_on_folded_weights_matches_transformers_forward(model_dir):
     assert [c.token_ids for per in policy.generate(prompts, PARAMS) for c in per] == [
         c.token_ids for c in fused
     ]
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 12], ids=["one-forward", "chunked"])
+@pytest.mark.parametrize("shared_start", [False, True], ids=["padded", "shared-start"])
+def test_the_fused_prefill_on_packed_weights_matches_transformers_forward(
+    model_dir, monkeypatch, shared_start, chunk_tokens
+):
+    policy = _policy(model_dir)
+    prompts = _prompts(policy)  # two lengths: left padding
+    if shared_start:  # a start of at least MIN_SHARED_PREFILL tokens runs once as one row
+        start = (prompts[1] * 4)[: sampling.MIN_SHARED_PREFILL + 4]
+        prompts = [start + prompts[0][-2:], start + prompts[1][-7:]]
+    if chunk_tokens is not None:  # 2 prompts: the rests run a few columns a forward, on the cache
+        monkeypatch.setattr(sampling, "PREFILL_CHUNK_TOKENS", chunk_tokens)
+    pad = policy.tokenizer.pad_token_id or 0
+    with torch.no_grad(), policy.sampler.fast.merged.applied():
+        forward = policy.sampler.fast.prefill(policy.model)
+        assert isinstance(forward, FusedPrefill)
+        cache, logits, mask = sampling._prefill(forward, prompts, pad, "cpu")
+        want_cache, want_logits, want_mask = sampling._prefill(policy.model, prompts, pad, "cpu")
+    assert torch.equal(mask, want_mask)
+    assert torch.allclose(logits, want_logits, atol=1e-4)
+    assert (logits - want_logits).abs().max() > 0  # oneDNN's rounding, not transformers' forward again
+    real = mask.bool()[:, None, :, None]  # what padding holds is never read
+    assert len(cache.layers) == len(want_cache.layers)
+    for got, want in zip(cache.layers, want_cache.layers, strict=True):
+        assert got.keys.shape == want.keys.shape
+        assert torch.allclose(got.keys * real, want.keys * real, atol=1e-4)
+        assert torch.allclose(got.values * real, want.values * real, atol=1e-4)
+
+
+def test_only_the_packed_kernels_get_the_fused_prefill(model_dir):
+    assert _policy(model_dir, fast=FastPaths(packed_decode=False)).sampler.fast.prefill(None) is None
+    assert _policy(model_dir, fast="off").sampler.fast.prefill(None) is None
 
 
 def test_both_matmul_forms_decode_the_same(model_dir):

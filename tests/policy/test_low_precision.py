@@ -12,6 +12,8 @@ from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
     PackedKernels,
     PlainKernels,
+    blocked_layout,
+    packed_memory,
     quantize_rows,
 )
 from grooves.policy.sampling import SamplingParams
@@ -79,6 +81,28 @@ def test_every_row_count_runs_the_packed_kernel_unless_told_to_leave_one_row_to_
     mkl_for_one = PackedKernels(packed_from_rows=2).group([layer])
     assert torch.equal(mkl_for_one(one, False), torch.nn.functional.linear(one, layer.weight, layer.bias))
     assert torch.equal(mkl_for_one(eight, False), onednn(eight))
+
+
+def test_a_changed_weight_is_packed_again_in_place_where_the_block_layout_is_known():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(192, 128, bias=False)
+    block = blocked_layout(128, 192, 8)
+    if block is not None:  # what the layout means: packed[g, i, j] = W[g b + j, i]
+        packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
+        blocks = packed_memory(packed).view(128 // block, 192, block)
+        assert torch.equal(blocks, layer.weight.detach().view(128 // block, block, 192).transpose(1, 2))
+    kernels = PackedKernels()
+    x = torch.randn(8, 1, 192)
+    kernels.group([layer])(x, False)
+    (first,) = [value for _, value in kernels.packed._entries.values()]
+    with torch.no_grad():
+        layer.weight.mul_(-1.5)  # in place: the same storage, a new version
+    y = kernels.group([layer])(x, False)
+    (second,) = [value for _, value in kernels.packed._entries.values()]
+    assert (second is first) is (block is not None)  # rewritten in place, else packed anew
+    fresh = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
+    want = torch.ops.mkldnn._linear_pointwise(x.reshape(8, 192), fresh, None, "none", [], "")
+    assert torch.equal(y.reshape(8, 128), want)
 
 
 def test_the_packed_weights_follow_the_adapter_after_an_optimizer_step(model_dir):

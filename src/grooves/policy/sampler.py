@@ -65,6 +65,7 @@ class Sampler:
                     eos_token_ids=self.eos_token_ids,
                     generator=self.generator,
                     decoder=self.fast.decoder,
+                    prefill=self.fast.prefill,
                     cancelled=cancelled,
                 )
             finally:

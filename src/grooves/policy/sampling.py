@@ -236,11 +236,14 @@ def sample(
     eos_token_ids: set[int],
     generator: torch.Generator | None = None,
     decoder: DecoderFactory = plain_decoder,
+    prefill: Callable[[Any], Callable[..., Any] | None] | None = None,
     cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[list[Completion]]:
     """Sample `params[i].n` completions of each prompt; returns one list per prompt.
 
     `decoder` runs the decode steps after the prefill (default: the model's own forward).
+    `prefill(model)` gives the forward the prompts run on, called as the model is (None, or
+    None from it: the model itself).
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
     (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
@@ -261,7 +264,8 @@ def sample(
     unique: dict[tuple[int, ...], int] = {}
     slot = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
     distinct = [list(p) for p in unique]
-    cache, last_logits, mask = _prefill(model, distinct, pad_id, device)
+    forward = prefill(model) if prefill is not None else None
+    cache, last_logits, mask = _prefill(forward or model, distinct, pad_id, device)
     width = mask.shape[1]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, W]: padding must not shift positions
 

@@ -39,7 +39,7 @@ import torch
 
 from grooves.config import FastMode, SamplerPrecision
 from grooves.policy.fast import allocator
-from grooves.policy.fast.decode import MatmulPlan, decoder_for, supports
+from grooves.policy.fast.decode import MatmulPlan, decoder_for, prefill_for, supports
 from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
     PackedKernels,
@@ -154,6 +154,13 @@ class FastSampling:
 
     def output_head(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         return self.head.applied(model) if self.head is not None else contextlib.nullcontext()
+
+    def prefill(self, model):
+        """The forward a batch's prompts run on: the fused one on packed weights, or None (the
+        model's own; `PlainKernels` would run the same MKL matmuls as transformers does)."""
+        if not (self.paths.fused_decode and isinstance(self.kernels, PackedKernels)):
+            return None
+        return prefill_for(model, self.kernels)
 
     def decoder(self, model, cache, mask: torch.Tensor, capacity: int):
         """The decode steps after a prefill (see `policy.sampling.sample`)."""

@@ -51,6 +51,12 @@ def decoder_for(
     return TransformersDecode(model, cache, mask)
 
 
+def prefill_for(model, kernels):
+    """The fused prefill forward (`FusedPrefill`) of a supported model on `kernels`, else None."""
+    blocks = _blocks_of(model, kernels)
+    return None if blocks is None else FusedPrefill(model, blocks, kernels)
+
+
 class MatmulPlan:
     """Per row count, whether a decode step's block matmuls run as `(W x^T)^T` or `x W^T`, chosen
     by timing real decode steps.
@@ -257,19 +263,16 @@ class FusedDecode:
             raise RuntimeError(
                 f"the KV cache holds {self.length} tokens, its capacity; size it for the longest completion"
             )
-        rows, col = len(tokens), self.length
+        col = self.length
         h = self.embed(tokens[:, None])  # [R, 1, D]
         cos, sin = self.rotary(h, positions[:, None])  # [R, 1, hd]
-        cos, sin = cos[:, None], sin[:, None]  # [R, 1, 1, hd]: the same rotation for every head
         bias = self.bias[:, None, None, : col + 1] if self.bias is not None else None
-        for b, keys, values in zip(self.blocks, self.keys, self.values, strict=True):
-            q, k, v = b.qkv(b.norm1(h), transposed)
-            q = q.reshape(rows, 1, b.heads, b.head_dim).transpose(1, 2)  # [R, H, 1, hd]
-            k = k.reshape(rows, 1, b.kv_heads, b.head_dim).transpose(1, 2)  # [R, KV, 1, hd]
-            q = q * cos + _rotate_half(q) * sin
-            keys[:, :, col] = (k * cos + _rotate_half(k) * sin)[:, :, 0]
-            values[:, :, col] = v.reshape(rows, b.kv_heads, b.head_dim)
-            a = F.scaled_dot_product_attention(
+
+        def attend(i: int, b: _Block, q, k, v):  # q [R, H, 1, hd], k and v [R, KV, 1, hd]
+            keys, values = self.keys[i], self.values[i]
+            keys[:, :, col] = k[:, :, 0]
+            values[:, :, col] = v[:, :, 0]
+            return F.scaled_dot_product_attention(
                 q,
                 keys[:, :, : col + 1],
                 values[:, :, : col + 1],
@@ -277,11 +280,8 @@ class FusedDecode:
                 scale=b.scaling,
                 enable_gqa=b.heads != b.kv_heads,
             )
-            (o,) = b.o(a.transpose(1, 2).reshape(rows, 1, b.heads * b.head_dim), transposed)
-            h = h + o
-            gate, up = b.gate_up(b.norm2(h), transposed)
-            (down,) = b.down(b.act(gate) * up, transposed)
-            h = h + down
+
+        h = run_blocks(self.blocks, h, cos, sin, attend, transposed)
         self.length += 1
         h = self.norm(h)
         logits = (
@@ -297,6 +297,100 @@ class FusedDecode:
             self.values[i] = self.values[i].index_select(0, index)
         if self.bias is not None:
             self.bias = self.bias.index_select(0, index)
+
+
+@dataclass
+class PrefillOutput:
+    """What `_prefill` reads of a forward's output."""
+
+    past_key_values: object
+    logits: torch.Tensor
+
+
+class FusedPrefill:
+    """The prompt's forward (the sampler's prefill) on the fused blocks and their kernels.
+
+    Called as the sampler's prefill calls the model (`policy.sampling._prefill`): ids [U, T] on
+    a transformers `DynamicCache` of the columns before them (or none), with the 2-D attention mask
+    of all columns and the positions; returns the cache and the logits of `logits_to_keep`. With
+    `PackedKernels` a prompt's matmuls run on the packed weights the decode steps use, which
+    oneDNN runs faster than MKL at a prompt's few dozen rows too (docs/speed.md), and the dense
+    folded weights then need not exist for sampling at all. The same function as transformers'
+    forward up to float rounding (tests/policy/test_decode.py).
+    """
+
+    def __init__(self, model, blocks: list[_Block], kernels):
+        base = _base(model)
+        self.blocks = blocks
+        self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
+        self.rotary = base.model.rotary_emb
+        self.head = _Projections([model.get_output_embeddings()], kernels)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = True,
+        logits_to_keep: torch.Tensor | None = None,
+    ) -> PrefillOutput:
+        from transformers import DynamicCache
+
+        rows, width = input_ids.shape
+        device = input_ids.device
+        cache = past_key_values if past_key_values is not None else DynamicCache()
+        past = cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + width, device=device).expand(rows, -1)
+        h = self.embed(input_ids)  # [U, T, D]
+        cos, sin = self.rotary(h, position_ids)  # [U, T, hd]
+        columns = torch.arange(past + width, device=device)
+        at = columns[past:, None]  # [T, 1]: each query's own column
+        allowed = columns[None, :] <= at  # [T, P + T]: causal
+        if attention_mask is not None:
+            # left padding is seen by no query; a padding query sees itself, so no row is all -inf
+            allowed = (allowed & attention_mask[:, None, :].bool()) | (columns[None, :] == at)  # [U, T, P+T]
+        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        bias = bias[:, None] if bias.ndim == 3 else bias  # [U, 1, T, P + T] or [T, P + T]
+
+        def attend(i: int, b: _Block, q, k, v):
+            keys, values = cache.update(k, v, i)  # [U, KV, P + T, hd]
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=bias, scale=b.scaling, enable_gqa=b.heads != b.kv_heads
+            )
+
+        h = run_blocks(self.blocks, h, cos, sin, attend)
+        if logits_to_keep is not None:
+            h = h[:, logits_to_keep]  # [U, K, D]
+        h = self.norm(h)
+        (logits,) = self.head(h.reshape(-1, 1, h.shape[-1]))  # [U K, 1, V]
+        return PrefillOutput(cache, logits.view(rows, -1, logits.shape[-1]))
+
+
+def run_blocks(
+    blocks: list[_Block], h: torch.Tensor, cos, sin, attend, transposed: bool = False
+) -> torch.Tensor:
+    """The decoder blocks on hidden states h [R, T, D] at rotary cos, sin [R, T, hd]; `attend(i, block,
+    q [R, H, T, hd], k, v [R, KV, T, hd])` stores block i's new keys and values wherever its cache
+    is and returns the attention [R, H, T, hd]. The same function as transformers' Llama block."""
+    rows, width = h.shape[:2]
+    n = rows * width
+    cos, sin = cos[:, None], sin[:, None]  # [R, 1, T, hd]: the same rotation for every head
+    for i, b in enumerate(blocks):
+        q, k, v = b.qkv(b.norm1(h).reshape(n, 1, -1), transposed)
+        q = q.reshape(rows, width, b.heads, b.head_dim).transpose(1, 2)  # [R, H, T, hd]
+        k = k.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)  # [R, KV, T, hd]
+        v = v.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        a = attend(i, b, q, k, v)
+        (o,) = b.o(a.transpose(1, 2).reshape(n, 1, b.heads * b.head_dim), transposed)
+        h = h + o.view(rows, width, -1)
+        gate, up = b.gate_up(b.norm2(h).reshape(n, 1, -1), transposed)
+        (down,) = b.down(b.act(gate) * up, transposed)
+        h = h + down.view(rows, width, -1)
+    return h
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,8 @@ came from and a stamp of that weight's content (`stamp`), so a changed weight is
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Callable
 
 import torch
@@ -121,13 +123,23 @@ class _Prepared:
         self.stamp = stamp
         self._entries: dict[tuple, tuple[tuple, object]] = {}
 
-    def get(self, weights: list[torch.Tensor], make: Callable[[], object]) -> object:
+    def get(
+        self,
+        weights: list[torch.Tensor],
+        make: Callable[[], object],
+        update: Callable[[object], bool] | None = None,
+    ) -> object:
+        """The copy prepared from `weights` as they are now: kept, `make()`, or, for changed weights,
+        the kept copy rewritten in place by `update(copy)` where it returns True."""
         key = tuple((w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape)) for w in weights)
         stamps = tuple(self.stamp(w) for w in weights)
         hit = self._entries.get(key)
         if hit is not None and hit[0] == stamps:
             return hit[1]
-        value = make()
+        if hit is not None and update is not None and update(hit[1]):
+            value = hit[1]
+        else:
+            value = make()
         self._entries[key] = (stamps, value)
         return value
 
@@ -141,6 +153,52 @@ def onednn_available() -> bool:
     )
 
 
+@functools.cache
+def blocked_layout(out: int, inp: int, rows_hint: int) -> int | None:
+    """b if `_reorder_linear_weight` lays a float32 [out, in] weight out as a dense [out / b, in, b]
+    block array on this CPU (packed[g, i, j] = W[g b + j, i]), else None (another layout, padding,
+    or no way to read the packed memory). Found by packing a probe of the same shape, once per shape."""
+    if not hasattr(torch.ops.mkldnn, "data_ptr") or out * inp >= 2**24:  # the probe's values must be exact
+        return None
+    probe = torch.arange(out * inp, dtype=torch.float32).reshape(out, inp)
+    packed = torch.ops.mkldnn._reorder_linear_weight(probe, rows_hint)
+    if torch.ops.mkldnn._nbytes(packed) != out * inp * 4:
+        return None
+    seen = packed_memory(packed)
+    for b in (8, 16, 32, 64, 128, 256):
+        if out % b == 0 and torch.equal(seen, probe.view(out // b, b, inp).transpose(1, 2).reshape(-1)):
+            return b
+    return None
+
+
+def packed_memory(packed: torch.Tensor) -> torch.Tensor:
+    """The float32 memory of a oneDNN tensor as a flat dense tensor over it (no copy). It does not
+    keep `packed` alive: whoever holds the view must hold `packed` too."""
+    count = torch.ops.mkldnn._nbytes(packed) // 4
+    memory = (ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed))
+    return torch.frombuffer(memory, dtype=torch.float32, count=count)
+
+
+class _Packed:
+    """A group's packed weights, with a dense view of their blocks where the layout is known."""
+
+    def __init__(self, weight: torch.Tensor, rows_hint: int):
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+        out, inp = weight.shape
+        block = blocked_layout(out, inp, rows_hint)
+        self.blocks = (
+            None if block is None else packed_memory(self.tensor).view(out // block, inp, block)
+        )  # [out / b, in, b]
+
+    def refill(self, weight: torch.Tensor) -> bool:
+        """Write `weight` (the shape packed before) into the blocks in place; False if they are opaque."""
+        if self.blocks is None:
+            return False
+        groups, inp, block = self.blocks.shape
+        self.blocks.copy_(weight.view(groups, block, inp).transpose(1, 2))
+        return True
+
+
 class PackedKernels:
     """oneDNN's float32 inner product on weights reordered once into its blocked layout (CPU only).
 
@@ -149,6 +207,12 @@ class PackedKernels:
     `x W^T + b` on it. These are the ops torch.compile's CPU backend (inductor, with frozen
     weights) emits for a linear layer; here they run without compiling anything. A group's
     weights are packed as one matrix even when they are not rows of one buffer.
+
+    A changed weight is packed again in place where the packed layout is a plain array of blocks
+    (`blocked_layout`: [out / b, in, b] on AVX2 CPUs), as one transposing copy into the memory
+    the first packing allocated: every sampling batch after an optimizer step repacks all
+    adapted weights, and a fresh `_reorder_linear_weight` took 1.5-3x as long (docs/speed.md).
+    The packed values are the same either way (a permutation of the same floats).
 
     Every row count runs the packed kernel, one row included. An earlier measurement at load
     average 8-12 had MKL's matrix-vector kernel the faster at one row (3.6-5.6x); on a quiet
@@ -173,13 +237,16 @@ class PackedKernels:
         bias = _joined_bias(weights, [b for _, b in plain])
         out = sum(w.shape[0] for w in weights)
 
-        def pack():
-            # the folded weights of a group are rows of one buffer: packed from it without a copy
-            joined = fused_weight(weights)
-            joined = torch.cat(weights) if joined is None else joined
-            return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
+        # the folded weights of a group are rows of one buffer: packed from it without a copy
+        joined = fused_weight(weights)
 
-        packed = self.packed.get(weights, pack)
+        def pack():
+            return _Packed((torch.cat(weights) if joined is None else joined).detach(), self.rows_hint)
+
+        def repack(kept: _Packed) -> bool:
+            return joined is not None and kept.refill(joined.detach())
+
+        packed = self.packed.get(weights, pack, repack).tensor
         # MKL for fewer rows (None: the group's weights are not one matrix); not built when unused
         plain = PlainKernels().group(modules) if self.packed_from_rows > 1 else None
 

@@ -120,6 +120,41 @@ def test_the_packed_weights_follow_the_adapter_after_an_optimizer_step(model_dir
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def wide_model_dir(request, tmp_path_factory):
+    """Hidden size 64: every group of weights is whole 64-row blocks of oneDNN's layout on AVX2."""
+    return build_tiny_model_dir(
+        tmp_path_factory.mktemp(f"{request.param}-64"),
+        architecture=request.param,
+        hidden_size=64,
+        init_std=0.2,
+    )
+
+
+def test_the_adapter_folded_into_the_packed_weights_draws_the_plain_paths_tokens(wide_model_dir):
+    if blocked_layout(64, 64, 8) is None:
+        pytest.skip("oneDNN's packed layout is opaque on this CPU: the kernels pack a dense fold instead")
+    packed = _policy(wide_model_dir)
+    plain = _policy(wide_model_dir, fast=FastPaths(packed_decode=False))
+    folds = packed.sampler.fast.merged
+    assert not folds.dense and packed.sampler.fast.kernels.folds is folds  # no dense folded copy
+    assert plain.sampler.fast.merged.dense
+    for _ in range(2):
+        a, b = _draws(packed), _draws(plain)
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        assert len(folds.layers) == 2 * 7 and packed.sampler.fast.kernels.folded._entries
+        for policy in (packed, plain):  # then an update in place, as AdamW writes
+            with torch.no_grad():
+                for name, p in policy.model.named_parameters():
+                    if "lora_A" in name:
+                        p.mul_(-1.5)
+    # outside a sampling batch nothing tells the kernels that the adapter is current
+    layer = packed.model.get_base_model().model.layers[0].self_attn.q_proj
+    assert packed.sampler.fast.kernels.group([layer]) is None
+
+
 def test_quantize_rows_is_symmetric_per_output_row():
     w = torch.tensor([[0.5, -1.0, 0.25], [2.0, 0.0, -0.01], [0.0, 0.0, 0.0]])
     q, scale = quantize_rows(w)

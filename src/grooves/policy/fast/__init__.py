@@ -44,6 +44,7 @@ from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
     PackedKernels,
     PlainKernels,
+    blocked_layout,
     low_precision_problem,
     onednn_available,
     version_stamp,
@@ -109,6 +110,13 @@ def sampler_problem(precision: SamplerPrecision, paths: FastPaths, model: torch.
     return low_precision_problem(precision, model)
 
 
+def _blocks_are_plain(model: torch.nn.Module) -> bool:
+    """oneDNN lays this model's hidden-size weights out as a plain block array on this CPU
+    (`kernels.blocked_layout`), so the packed kernels can write a folded adapter into them."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    return hidden is not None and blocked_layout(hidden, hidden, 8) is not None
+
+
 class FastSampling:
     """The sampling speed paths of one policy, with what they keep between batches: the folded
     weights, the packed or quantized weights, and the forms timing chose."""
@@ -127,22 +135,42 @@ class FastSampling:
         self.paths = paths
         self.precision = precision
         fold = paths.fold_lora and own_adapter and precision == "float32"
-        self.merged = MergedWeights(model) if fold else None
+        packed = self._packs(model)
+        # where the packed kernels can fold the adapter into their packed copies themselves, no
+        # dense folded copy of the weights is made (merged.py); else the kernels pack that copy
+        fold_in_packed = (
+            fold and packed and paths.fused_decode and supports(model) and _blocks_are_plain(model)
+        )
+        self.merged = MergedWeights(model, dense=not fold_in_packed) if fold else None
+        if self.merged is not None and not self.merged.supported:
+            self.merged.dense = True  # it folds nothing: the kernels must not wait for its changes
         """The own adapter folded into copies of the base weights (see `merged.py`); None: peft's layers."""
         self.head = PlannedHead() if paths.timed_head else None
         """The output head's matmul form per decode row count, timed once (see `output_head.py`); None: `x W^T`."""
         self.plan = MatmulPlan() if paths.timed_blocks else None
         """The fused forward's matmul forms per row count, timed on decode steps; None: `x W^T`, untimed."""
-        self.kernels = self._kernels(model)
+        self.kernels = self._kernels(packed)
         """What runs the fused forward's matmuls (see `kernels.py`); it keeps its packed weights."""
 
-    def _kernels(self, model: torch.nn.Module):
+    def _packs(self, model: torch.nn.Module) -> bool:
+        """The float32 fused forward runs on oneDNN's packed weights (`PackedKernels`)."""
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        return (
+            self.precision == "float32"
+            and self.paths.packed_decode
+            and not self.paths.timed_blocks
+            and on_cpu
+            and onednn_available()
+        )
+
+    def _kernels(self, packed: bool):
         if self.precision != "float32":
             return LowPrecisionKernels(self.precision)
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        if self.paths.packed_decode and not self.paths.timed_blocks and on_cpu and onednn_available():
-            return PackedKernels(self.merged.stamp if self.merged is not None else version_stamp)
-        return PlainKernels()
+        if not packed:
+            return PlainKernels()
+        if self.merged is not None and not self.merged.dense:
+            return PackedKernels(folds=self.merged)
+        return PackedKernels(self.merged.stamp if self.merged is not None else version_stamp)
 
     @property
     def folded(self) -> bool:

@@ -199,6 +199,36 @@ class _Packed:
         return True
 
 
+class _FoldedPacked:
+    """A group of LoRA layers' `W + s B A`, packed: the base's blocks are kept, and each change of
+    the adapter writes `base + A^T (s B)^T` block by block into the packed memory, one `baddbmm`
+    for the group (a contiguous pass, about a third of the time of folding a dense copy and
+    repacking it, docs/speed.md)."""
+
+    def __init__(self, bases: list[torch.Tensor], block: int, rows_hint: int):
+        joined = bases[0] if len(bases) == 1 else torch.cat(bases)
+        out, inp = joined.shape
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(joined.detach(), rows_hint)
+        self.blocks = packed_memory(self.tensor).view(out // block, inp, block)  # [out / b, in, b]
+        self.base = self.blocks.clone()  # W's blocks: the tensor holds W + s B A from the first fold on
+
+    def fold(self, lora: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+        """Write the base plus the group's stacked adapter (`_stacked_lora`: A [sum r, in], s B
+        [out, sum r] block-diagonal) into the packed memory."""
+        if lora is None:
+            self.blocks.copy_(self.base)
+            return True
+        a, b = lora
+        groups, inp, block = self.blocks.shape
+        torch.baddbmm(
+            self.base,
+            a.t().expand(groups, inp, a.shape[0]),  # [out / b, in, sum r]
+            b.view(groups, block, b.shape[1]).transpose(1, 2),  # [out / b, sum r, b]
+            out=self.blocks,
+        )
+        return True
+
+
 class PackedKernels:
     """oneDNN's float32 inner product on weights reordered once into its blocked layout (CPU only).
 
@@ -221,16 +251,22 @@ class PackedKernels:
     back MKL's `x W^T` for a single row where the group is one matrix.
     """
 
-    def __init__(self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 1):
+    def __init__(
+        self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 1, folds=None
+    ):
         self.packed = _Prepared(stamp)
         self.rows_hint = rows_hint
         self.packed_from_rows = packed_from_rows
         """Fewer rows than this run `PlainKernels`' `x W^T` where the group is one matrix."""
+        self.folds = folds
+        """A `MergedWeights(dense=False)` tracking the own adapter: layers with it active run on
+        `W + s B A` folded into the packed copies here (`_FoldedPacked`); None: they run as peft's layers."""
+        self.folded = _Prepared(lambda _: folds.generation)
 
     def group(self, modules: list[nn.Module]) -> Runner | None:
         plain = [plain_linear(m) for m in modules]
         if any(p is None for p in plain):
-            return None
+            return self._folded_group(modules) if self.folds is not None else None
         weights = [w for w, _ in plain]
         if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
             return PlainKernels().group(modules)
@@ -254,6 +290,46 @@ class PackedKernels:
             rows = x.shape[0]
             if rows < self.packed_from_rows and plain is not None:
                 return plain(x, False)
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
+            return y.reshape(rows, 1, out)
+
+        return run
+
+    def _folded_group(self, modules: list[nn.Module]) -> Runner | None:
+        """LoRA layers with the own adapter on, on their base weights packed with the adapter folded
+        in; None where they are not all such layers, the packed layout is opaque, or the batch does
+        not run inside the folds' `applied()` (where their generation follows the adapter)."""
+        if not self.folds.tracking:
+            return None
+        parts = [_lora_of(m) for m in modules]
+        if any(p is None for p in parts):
+            return None
+        for m, (_, lora) in zip(modules, parts, strict=True):
+            adapters = getattr(m, "lora_A", {})
+            own = adapters[self.folds.adapter] if self.folds.adapter in adapters else None
+            if lora is not None and (own is None or lora[0] is not own.weight):
+                return None  # another adapter: the folds track only the own one
+        bases = [p[0].weight for p in parts]
+        if bases[0].device.type != "cpu" or any(w.dtype != torch.float32 for w in bases):
+            return None
+        out, inp = sum(w.shape[0] for w in bases), bases[0].shape[1]
+        block = blocked_layout(out, inp, self.rows_hint)
+        if block is None:
+            return None
+        bias = _joined_bias(bases, [p[0].bias for p in parts])
+
+        def fold(packed: _FoldedPacked) -> bool:
+            return packed.fold(_stacked_lora([p[1] for p in parts], [w.shape[0] for w in bases]))
+
+        def make() -> _FoldedPacked:
+            packed = _FoldedPacked([w.detach() for w in bases], block, self.rows_hint)
+            fold(packed)
+            return packed
+
+        packed = self.folded.get(bases, make, fold).tensor
+
+        def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            rows = x.shape[0]
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
             return y.reshape(rows, 1, out)
 

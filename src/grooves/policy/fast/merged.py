@@ -14,6 +14,10 @@ adapted weights in memory.
 The buffers of layers that read the same input in one block (q, k, v, o; gate, up) are
 consecutive rows of one allocation, which the sampler's decoder runs as a single matmul.
 
+With `dense=False` no buffers are made: the sampler's packed kernels fold the adapter straight
+into their packed copies of the weights (`kernels.PackedKernels`), and this object only tells them
+when the adapter changed (`generation`, `stamp`); the layers stay peft's, adapter on.
+
 The buffers are refreshed only when an adapter weight changed since the last refresh. What
 tells is a copy of the adapter weights each fold was made from (small: A and B only), compared exactly
 before every sampling batch: torch's per-tensor version counter would be cheaper but misses
@@ -31,7 +35,7 @@ import torch
 class MergedWeights:
     """One adapter of a `PeftModel` (peft's `default`: the policy's own), folded into copies of its base weights on demand."""
 
-    def __init__(self, model, adapter: str = "default"):
+    def __init__(self, model, adapter: str = "default", dense: bool = True):
         from peft.tuners.lora import Linear as LoraLinear
         from peft.tuners.lora import LoraLayer
 
@@ -55,13 +59,17 @@ class MergedWeights:
         self.generation = 0
         """Counts the refreshes that changed a buffer: what copies made from the buffers are stamped with."""
         self._storages: set[int] = set()
+        self.dense = dense
+        """False: no buffers; the packed kernels fold the adapter themselves (see the module's doc)."""
+        self.tracking = False
+        """Inside `applied()`: `generation` is up to date with the adapter (it is checked on entry)."""
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Recompute W + s B A for every layer whose adapter weights differ from the ones last folded."""
         if self._buffers is None:
-            self._buffers = self._allocate()
-            self._storages = {buf.untyped_storage().data_ptr() for buf in self._buffers}
+            self._buffers = self._allocate() if self.dense else [None] * len(self.layers)
+            self._storages = {b.untyped_storage().data_ptr() for b in self._buffers if b is not None}
         changed = False
         for i, (m, buf) in enumerate(zip(self.layers, self._buffers, strict=True)):
             a, b = m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight
@@ -74,6 +82,8 @@ class MergedWeights:
             else:
                 self._folded_from.append((a.detach().clone(), b.detach().clone()))
             changed = True
+            if buf is None:
+                continue  # the packed kernels fold it
             w = m.base_layer.weight
             if not m.fan_in_fan_out and a.dtype == b.dtype == w.dtype:
                 # W + s B A in one pass over the weight, instead of materializing B A, scaling it and adding
@@ -112,8 +122,16 @@ class MergedWeights:
 
     @contextlib.contextmanager
     def applied(self):
-        """Inside: the model computes with the folded weights and its LoRA layers switched off."""
+        """Inside: the model computes with the folded weights and its LoRA layers switched off
+        (with `dense=False`: as it is, the adapter on; `generation` counts its changes)."""
         self.refresh()
+        if not self.dense:
+            self.tracking = True
+            try:
+                yield
+            finally:
+                self.tracking = False
+            return
         originals = [m.base_layer.weight.data for m in self.layers]
         with self.model.disable_adapter():
             for m, buf in zip(self.layers, self._buffers, strict=True):

@@ -378,12 +378,21 @@ def run_blocks(
     n = rows * width
     cos, sin = cos[:, None], sin[:, None]  # [R, 1, T, hd]: the same rotation for every head
     for i, b in enumerate(blocks):
-        q, k, v = b.qkv(b.norm1(h).reshape(n, 1, -1), transposed)
-        q = q.reshape(rows, width, b.heads, b.head_dim).transpose(1, 2)  # [R, H, T, hd]
-        k = k.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)  # [R, KV, T, hd]
-        v = v.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        x = b.norm1(h).reshape(n, 1, -1)
+        if b.qkv.fused is not None:  # q and k lie side by side in one output: rotated as one tensor
+            y = b.qkv.fused(x, transposed)  # [n, 1, (H + 2 KV) hd]
+            split = (b.heads + b.kv_heads) * b.head_dim
+            qk = y[..., :split].reshape(rows, width, b.heads + b.kv_heads, b.head_dim).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin  # [R, H + KV, T, hd]
+            q, k = qk[:, : b.heads], qk[:, b.heads :]
+            v = y[..., split:].reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)
+        else:
+            q, k, v = b.qkv(x, transposed)
+            q = q.reshape(rows, width, b.heads, b.head_dim).transpose(1, 2)  # [R, H, T, hd]
+            k = k.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)  # [R, KV, T, hd]
+            v = v.reshape(rows, width, b.kv_heads, b.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
         a = attend(i, b, q, k, v)
         (o,) = b.o(a.transpose(1, 2).reshape(n, 1, b.heads * b.head_dim), transposed)
         h = h + o.view(rows, width, -1)

@@ -83,26 +83,15 @@ def test_every_row_count_runs_the_packed_kernel_unless_told_to_leave_one_row_to_
     assert torch.equal(mkl_for_one(eight, False), onednn(eight))
 
 
-def test_a_changed_weight_is_packed_again_in_place_where_the_block_layout_is_known():
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(192, 128, bias=False)
+def test_the_block_layout_found_by_the_probe_is_what_onednn_packs():
     block = blocked_layout(128, 192, 8)
-    if block is not None:  # what the layout means: packed[g, i, j] = W[g b + j, i]
-        packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
-        blocks = packed_memory(packed).view(128 // block, 192, block)
-        assert torch.equal(blocks, layer.weight.detach().view(128 // block, block, 192).transpose(1, 2))
-    kernels = PackedKernels()
-    x = torch.randn(8, 1, 192)
-    kernels.group([layer])(x, False)
-    (first,) = [value for _, value in kernels.packed._entries.values()]
-    with torch.no_grad():
-        layer.weight.mul_(-1.5)  # in place: the same storage, a new version
-    y = kernels.group([layer])(x, False)
-    (second,) = [value for _, value in kernels.packed._entries.values()]
-    assert (second is first) is (block is not None)  # rewritten in place, else packed anew
-    fresh = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
-    want = torch.ops.mkldnn._linear_pointwise(x.reshape(8, 192), fresh, None, "none", [], "")
-    assert torch.equal(y.reshape(8, 128), want)
+    if block is None:
+        pytest.skip("oneDNN's packed layout is opaque on this CPU")
+    weight = torch.randn(128, 192)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+    blocks = packed_memory(packed).view(128 // block, 192, block)  # packed[g, i, j] = W[g b + j, i]
+    assert torch.equal(blocks, weight.view(128 // block, block, 192).transpose(1, 2))
+    assert blocked_layout(96, 192, 8) is None or 96 % blocked_layout(96, 192, 8) == 0
 
 
 def test_the_packed_weights_follow_the_adapter_after_an_optimizer_step(model_dir):

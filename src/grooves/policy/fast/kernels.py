@@ -179,31 +179,11 @@ def packed_memory(packed: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(memory, dtype=torch.float32, count=count)
 
 
-class _Packed:
-    """A group's packed weights, with a dense view of their blocks where the layout is known."""
-
-    def __init__(self, weight: torch.Tensor, rows_hint: int):
-        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
-        out, inp = weight.shape
-        block = blocked_layout(out, inp, rows_hint)
-        self.blocks = (
-            None if block is None else packed_memory(self.tensor).view(out // block, inp, block)
-        )  # [out / b, in, b]
-
-    def refill(self, weight: torch.Tensor) -> bool:
-        """Write `weight` (the shape packed before) into the blocks in place; False if they are opaque."""
-        if self.blocks is None:
-            return False
-        groups, inp, block = self.blocks.shape
-        self.blocks.copy_(weight.view(groups, block, inp).transpose(1, 2))
-        return True
-
-
 class _FoldedPacked:
     """A group of LoRA layers' `W + s B A`, packed: the base's blocks are kept, and each change of
     the adapter writes `base + A^T (s B)^T` block by block into the packed memory, one `baddbmm`
     for the group (a contiguous pass, about a third of the time of folding a dense copy and
-    repacking it, docs/speed.md)."""
+    repacking it; docs/speed.md, change 18)."""
 
     def __init__(self, bases: list[torch.Tensor], block: int, rows_hint: int):
         joined = bases[0] if len(bases) == 1 else torch.cat(bases)
@@ -238,11 +218,10 @@ class PackedKernels:
     weights) emits for a linear layer; here they run without compiling anything. A group's
     weights are packed as one matrix even when they are not rows of one buffer.
 
-    A changed weight is packed again in place where the packed layout is a plain array of blocks
-    (`blocked_layout`: [out / b, in, b] on AVX2 CPUs), as one transposing copy into the memory
-    the first packing allocated: every sampling batch after an optimizer step repacks all
-    adapted weights, and a fresh `_reorder_linear_weight` took 1.5-3x as long (docs/speed.md).
-    The packed values are the same either way (a permutation of the same floats).
+    With `folds` (the policy's own adapter, tracked by a `MergedWeights(dense=False)`), LoRA
+    layers with that adapter on run on `W + s B A` folded straight into the packed memory, where
+    oneDNN's layout is a plain block array (`blocked_layout`; `_FoldedPacked`): no dense folded
+    copy of the weights, and no repacking after an optimizer step (docs/speed.md, change 18).
 
     Every row count runs the packed kernel, one row included. An earlier measurement at load
     average 8-12 had MKL's matrix-vector kernel the faster at one row (3.6-5.6x); on a quiet
@@ -273,16 +252,13 @@ class PackedKernels:
         bias = _joined_bias(weights, [b for _, b in plain])
         out = sum(w.shape[0] for w in weights)
 
-        # the folded weights of a group are rows of one buffer: packed from it without a copy
-        joined = fused_weight(weights)
-
         def pack():
-            return _Packed((torch.cat(weights) if joined is None else joined).detach(), self.rows_hint)
+            # the folded weights of a group are rows of one buffer: packed from it without a copy
+            joined = fused_weight(weights)
+            joined = torch.cat(weights) if joined is None else joined
+            return torch.ops.mkldnn._reorder_linear_weight(joined.detach(), self.rows_hint)
 
-        def repack(kept: _Packed) -> bool:
-            return joined is not None and kept.refill(joined.detach())
-
-        packed = self.packed.get(weights, pack, repack).tensor
+        packed = self.packed.get(weights, pack)
         # MKL for fewer rows (None: the group's weights are not one matrix); not built when unused
         plain = PlainKernels().group(modules) if self.packed_from_rows > 1 else None
 

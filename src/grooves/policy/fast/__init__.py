@@ -6,6 +6,9 @@ Each path computes the same function as plain transformers + peft, in fewer or l
 - packed decode (`kernels.py`): that forward's matmuls on oneDNN with weights prepacked once,
   instead of MKL's sgemm, which reads the weights far below the memory bandwidth at a few rows;
 - folded LoRA (`merged.py`): sampling on W + s B A, one matmul per layer instead of three;
+  with the packed decode on a CPU whose packed layout is a plain block array, folded straight
+  into the packed weights (`kernels._FoldedPacked`), with no dense folded copy;
+- the prompt on the packed weights too (`decode.FusedPrefill`);
 - allocator reuse (`allocator.py`): glibc keeps the big blocks torch frees for reuse;
 - LoRA addmm (`lora_addmm.py`): training's LoRA layers as one `addmm` each;
 - timed matmul forms (`output_head.py`, `decode.MatmulPlan`): a decode matmul run as `x W^T` or as

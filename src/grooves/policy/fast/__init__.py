@@ -114,10 +114,25 @@ def sampler_problem(precision: SamplerPrecision, paths: FastPaths, model: torch.
 
 
 def _blocks_are_plain(model: torch.nn.Module) -> bool:
-    """oneDNN lays this model's hidden-size weights out as a plain block array on this CPU
-    (`kernels.blocked_layout`), so the packed kernels can write a folded adapter into them."""
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    return hidden is not None and blocked_layout(hidden, hidden, 8) is not None
+    """oneDNN lays each of the fused forward's weight groups of this model (q/k/v, o, gate/up,
+    down) out as a plain block array on this CPU (`kernels.blocked_layout`), so the packed kernels
+    can write a folded adapter into them; else they pack a dense fold (a group they could not
+    fold into would run as peft's layers)."""
+    config = getattr(model, "config", None)
+    try:
+        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        inner = int(config.intermediate_size)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    groups = [
+        ((heads + 2 * kv_heads) * head_dim, hidden),  # q, k, v
+        (hidden, heads * head_dim),  # o
+        (2 * inner, hidden),  # gate, up
+        (hidden, inner),  # down
+    ]
+    return all(blocked_layout(out, inp, 8) is not None for out, inp in groups)
 
 
 class FastSampling:

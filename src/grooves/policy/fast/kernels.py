@@ -127,16 +127,17 @@ class _Prepared:
         self,
         weights: list[torch.Tensor],
         make: Callable[[], object],
-        update: Callable[[object], bool] | None = None,
+        update: Callable[[object], None] | None = None,
     ) -> object:
         """The copy prepared from `weights` as they are now: kept, `make()`, or, for changed weights,
-        the kept copy rewritten in place by `update(copy)` where it returns True."""
+        the kept copy rewritten in place by `update(copy)` where given."""
         key = tuple((w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape)) for w in weights)
         stamps = tuple(self.stamp(w) for w in weights)
         hit = self._entries.get(key)
         if hit is not None and hit[0] == stamps:
             return hit[1]
-        if hit is not None and update is not None and update(hit[1]):
+        if hit is not None and update is not None:
+            update(hit[1])
             value = hit[1]
         else:
             value = make()
@@ -192,12 +193,12 @@ class _FoldedPacked:
         self.blocks = packed_memory(self.tensor).view(out // block, inp, block)  # [out / b, in, b]
         self.base = self.blocks.clone()  # W's blocks: the tensor holds W + s B A from the first fold on
 
-    def fold(self, lora: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    def fold(self, lora: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Write the base plus the group's stacked adapter (`_stacked_lora`: A [sum r, in], s B
         [out, sum r] block-diagonal) into the packed memory."""
         if lora is None:
             self.blocks.copy_(self.base)
-            return True
+            return
         a, b = lora
         groups, inp, block = self.blocks.shape
         torch.baddbmm(
@@ -206,7 +207,6 @@ class _FoldedPacked:
             b.view(groups, block, b.shape[1]).transpose(1, 2),  # [out / b, sum r, b]
             out=self.blocks,
         )
-        return True
 
 
 class PackedKernels:
@@ -294,8 +294,8 @@ class PackedKernels:
             return None
         bias = _joined_bias(bases, [p[0].bias for p in parts])
 
-        def fold(packed: _FoldedPacked) -> bool:
-            return packed.fold(_stacked_lora([p[1] for p in parts], [w.shape[0] for w in bases]))
+        def fold(packed: _FoldedPacked) -> None:
+            packed.fold(_stacked_lora([p[1] for p in parts], [w.shape[0] for w in bases]))
 
         def make() -> _FoldedPacked:
             packed = _FoldedPacked([w.detach() for w in bases], block, self.rows_hint)

@@ -110,6 +110,27 @@ def test_the_fused_prefill_on_packed_weights_matches_transformers_forward(
         assert torch.allclose(got.values * real, want.values * real, atol=1e-4)
 
 
+def test_the_decode_steps_run_on_the_blocks_the_fused_prefill_read(model_dir, monkeypatch):
+    from grooves.policy.fast import decode
+
+    policy = _policy(model_dir)
+    reads = []
+    monkeypatch.setattr(
+        decode, "_blocks_of", lambda *a, _read=decode._blocks_of: reads.append(1) or _read(*a)
+    )
+    policy.generate(_prompts(policy), PARAMS)
+    assert len(reads) == 1  # the prefill's; the decoder takes them over
+    sample(  # a batch without the fused prefill reads them itself
+        policy.model,
+        policy.tokenizer,
+        _prompts(policy),
+        PARAMS,
+        eos_token_ids=policy.prompts.eos_token_ids,
+        decoder=policy.sampler.fast.decoder,
+    )
+    assert len(reads) == 2
+
+
 def test_only_the_packed_kernels_get_the_fused_prefill(model_dir):
     assert _policy(model_dir, fast=FastPaths(packed_decode=False)).sampler.fast.prefill(None) is None
     assert _policy(model_dir, fast="off").sampler.fast.prefill(None) is None

@@ -42,7 +42,7 @@ import torch
 
 from grooves.config import FastMode, SamplerPrecision
 from grooves.policy.fast import allocator
-from grooves.policy.fast.decode import MatmulPlan, decoder_for, prefill_for, supports
+from grooves.policy.fast.decode import FusedPrefill, MatmulPlan, decoder_for, prefill_for, supports
 from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
     PackedKernels,
@@ -159,16 +159,18 @@ class FastSampling:
         fold_in_packed = (
             fold and packed and paths.fused_decode and supports(model) and _blocks_are_plain(model)
         )
-        self.merged = MergedWeights(model, dense=not fold_in_packed) if fold else None
-        if self.merged is not None and not self.merged.supported:
-            self.merged.dense = True  # it folds nothing: the kernels must not wait for its changes
+        self.merged = MergedWeights(model) if fold else None
         """The own adapter folded into copies of the base weights (see `merged.py`); None: peft's layers."""
+        if fold_in_packed and self.merged.supported:  # one that folds nothing stays dense: no one waits on it
+            self.merged.dense = False
         self.head = PlannedHead() if paths.timed_head else None
         """The output head's matmul form per decode row count, timed once (see `output_head.py`); None: `x W^T`."""
         self.plan = MatmulPlan() if paths.timed_blocks else None
         """The fused forward's matmul forms per row count, timed on decode steps; None: `x W^T`, untimed."""
         self.kernels = self._kernels(packed)
         """What runs the fused forward's matmuls (see `kernels.py`); it keeps its packed weights."""
+        self._prefill: FusedPrefill | None = None
+        """The last batch's fused prefill: its decode steps run on the same blocks."""
 
     def _packs(self, model: torch.nn.Module) -> bool:
         """The float32 fused forward runs on oneDNN's packed weights (`PackedKernels`)."""
@@ -204,12 +206,24 @@ class FastSampling:
     def prefill(self, model):
         """The forward a batch's prompts run on: the fused one on packed weights, or None (the
         model's own; `PlainKernels` would run the same MKL matmuls as transformers does)."""
+        self._prefill = None
         if not (self.paths.fused_decode and isinstance(self.kernels, PackedKernels)):
             return None
-        return prefill_for(model, self.kernels)
+        self._prefill = prefill_for(model, self.kernels)
+        return self._prefill
 
     def decoder(self, model, cache, mask: torch.Tensor, capacity: int):
-        """The decode steps after a prefill (see `policy.sampling.sample`)."""
+        """The decode steps after a prefill (see `policy.sampling.sample`); after `prefill`'s forward
+        left this `cache`, on that forward's blocks instead of reading the layers again."""
+        prefilled, self._prefill = self._prefill, None
+        blocks = prefilled.blocks if prefilled is not None and prefilled.cache is cache else None
         return decoder_for(
-            model, cache, mask, capacity, fused=self.paths.fused_decode, plan=self.plan, kernels=self.kernels
+            model,
+            cache,
+            mask,
+            capacity,
+            fused=self.paths.fused_decode,
+            plan=self.plan,
+            kernels=self.kernels,
+            blocks=blocks,
         )

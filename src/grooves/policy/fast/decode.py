@@ -40,12 +40,14 @@ def decoder_for(
     fused: bool = True,
     plan: MatmulPlan | None = None,
     kernels=None,
+    blocks: list[_Block] | None = None,
 ):
     """The decode steps to run after a prefill that left `cache` and `mask` [R, P]; `capacity`
     bounds the sequence length (prompt width + the most new tokens any row may take). `kernels`
-    runs the fused forward's matmuls (`policy/fast/kernels.py`; default `PlainKernels`)."""
+    runs the fused forward's matmuls (`policy/fast/kernels.py`; default `PlainKernels`); `blocks`,
+    those of a fused prefill of this batch on the same kernels (None: read from the model)."""
     if fused:
-        blocks = _blocks_of(model, kernels or PlainKernels())
+        blocks = blocks if blocks is not None else _blocks_of(model, kernels or PlainKernels())
         if blocks is not None:
             return FusedDecode(model, blocks, cache, mask, capacity, plan, kernels)
     return TransformersDecode(model, cache, mask)
@@ -325,6 +327,8 @@ class FusedPrefill:
         self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
         self.rotary = base.model.rotary_emb
         self.head = _Projections([model.get_output_embeddings()], kernels)
+        self.cache = None
+        """The cache the last call returned."""
 
     def __call__(
         self,
@@ -365,6 +369,7 @@ class FusedPrefill:
             h = h[:, logits_to_keep]  # [U, K, D]
         h = self.norm(h)
         (logits,) = self.head(h.reshape(-1, 1, h.shape[-1]))  # [U K, 1, V]
+        self.cache = cache
         return PrefillOutput(cache, logits.view(rows, -1, logits.shape[-1]))
 
 

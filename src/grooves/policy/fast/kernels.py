@@ -183,8 +183,8 @@ def packed_memory(packed: torch.Tensor) -> torch.Tensor:
 class _FoldedPacked:
     """A group of LoRA layers' `W + s B A`, packed: the base's blocks are kept, and each change of
     the adapter writes `base + A^T (s B)^T` block by block into the packed memory, one `baddbmm`
-    for the group (a contiguous pass, about a third of the time of folding a dense copy and
-    repacking it; docs/speed.md, change 18)."""
+    for the group (one contiguous pass, instead of folding a dense copy and repacking it;
+    docs/speed.md, change 18)."""
 
     def __init__(self, bases: list[torch.Tensor], block: int, rows_hint: int):
         joined = bases[0] if len(bases) == 1 else torch.cat(bases)

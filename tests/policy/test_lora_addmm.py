@@ -7,7 +7,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from grooves.config import LoraConfig
-from grooves.policy.fast.lora_addmm import _plain_adapter, addmm_lora
+from grooves.policy.fast.lora_addmm import addmm_lora, plain_adapter
 from grooves.policy.transformers import TransformersPolicy
 
 
@@ -74,6 +74,6 @@ def test_disabled_adapters_inside_run_the_base_model(peaked_model_dir):
 def test_only_plain_layers_take_the_addmm_path(peaked_model_dir, dropout):
     policy = _policy(peaked_model_dir, dropout=dropout)
     layer = policy.model.base_model.model.model.layers[0].mlp.down_proj
-    assert _plain_adapter(layer) == ("default" if dropout == 0 else None)  # dropout draws: peft's forward
+    assert plain_adapter(layer) == ("default" if dropout == 0 else None)  # dropout draws: peft's forward
     with policy.model.disable_adapter():
-        assert _plain_adapter(layer) is None
+        assert plain_adapter(layer) is None

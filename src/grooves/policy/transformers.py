@@ -204,5 +204,5 @@ class TransformersPolicy:
     def training_phase(self) -> Iterator[None]:
         """The trainer's optimizer step runs inside this: sampler and trainer are one model, so only
         the training speed paths apply (the vLLM policy also puts its engine to sleep here)."""
-        with speed.training(self.fast_paths, self.model):
+        with speed.training(self.fast_paths, self.model, self.sampler.fast):
             yield

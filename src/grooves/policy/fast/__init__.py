@@ -11,6 +11,8 @@ Each path computes the same function as plain transformers + peft, in fewer or l
 - the prompt on the packed weights too (`decode.FusedPrefill`);
 - allocator reuse (`allocator.py`): glibc keeps the big blocks torch frees for reuse;
 - LoRA addmm (`lora_addmm.py`): training's LoRA layers as one `addmm` each;
+- the trainer's forward on the sampler's packed folded weights (`lora_folded.py`): each group of
+  layers on one input as one matmul, the backward LoRA's own;
 - timed matmul forms (`output_head.py`, `decode.MatmulPlan`): a decode matmul run as `x W^T` or as
   `(W x^T)^T`, whichever a timing found faster at that row count.
 
@@ -35,6 +37,7 @@ use; nothing else in grooves imports a speed module. docs/speed.md measures each
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import get_args
 
@@ -42,7 +45,14 @@ import torch
 
 from grooves.config import FastMode, SamplerPrecision
 from grooves.policy.fast import allocator
-from grooves.policy.fast.decode import FusedPrefill, MatmulPlan, decoder_for, prefill_for, supports
+from grooves.policy.fast.decode import (
+    FusedPrefill,
+    MatmulPlan,
+    decoder_for,
+    prefill_for,
+    projection_groups,
+    supports,
+)
 from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
     PackedKernels,
@@ -53,6 +63,7 @@ from grooves.policy.fast.kernels import (
     version_stamp,
 )
 from grooves.policy.fast.lora_addmm import addmm_lora
+from grooves.policy.fast.lora_folded import folded_lora
 from grooves.policy.fast.merged import MergedWeights
 from grooves.policy.fast.output_head import PlannedHead
 
@@ -95,9 +106,20 @@ def before_load(paths: FastPaths, device: str) -> None:
         allocator.reuse_freed_memory()
 
 
-def training(paths: FastPaths, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """The training speed paths for an optimizer step's span (LoRA layers as one `addmm`)."""
-    return addmm_lora(model) if paths.lora_addmm else contextlib.nullcontext()
+@contextlib.contextmanager
+def training(
+    paths: FastPaths, model: torch.nn.Module, sampling: FastSampling | None = None
+) -> Iterator[None]:
+    """The training speed paths for an optimizer step's span: LoRA layers as one `addmm`, and,
+    where `sampling` folds the adapter into its packed weights, each group of layers on one input
+    as one matmul on those (`lora_folded.py`)."""
+    with contextlib.ExitStack() as stack:
+        if paths.lora_addmm:
+            stack.enter_context(addmm_lora(model))
+            folded = sampling.trainer_folds(model) if sampling is not None else None
+            if folded is not None:
+                stack.enter_context(folded)
+        yield
 
 
 def sampler_problem(precision: SamplerPrecision, paths: FastPaths, model: torch.nn.Module) -> str | None:
@@ -199,6 +221,24 @@ class FastSampling:
 
     def folded_weights(self) -> contextlib.AbstractContextManager:
         return self.merged.applied()
+
+    def trainer_folds(self, model: torch.nn.Module) -> contextlib.AbstractContextManager | None:
+        """The trainer's forward on these packed folded weights (`lora_folded.folded_lora`), or
+        None where the kernels do not fold the adapter into their packed copies."""
+        kernels = self.kernels
+        if not (isinstance(kernels, PackedKernels) and kernels.folds is not None):
+            return None
+        groups = projection_groups(model)
+        if groups is None:
+            return None
+        merged = kernels.folds
+        return folded_lora(
+            model,
+            [g for layer in groups for g in layer],
+            kernels.training_fold,
+            merged.refresh,
+            merged.adapter,
+        )
 
     def output_head(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         return self.head.applied(model) if self.head is not None else contextlib.nullcontext()

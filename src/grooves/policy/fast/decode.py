@@ -170,6 +170,27 @@ def supports(model) -> bool:
     )
 
 
+def projection_groups(model) -> list[tuple[list[nn.Module], ...]] | None:
+    """Per decoder layer of a supported model, its linear layers in groups that read one input, in
+    the order its forward calls them: ([q, k, v], [o], [gate, up], [down]); None if it is not one."""
+    if not supports(model):
+        return None
+    groups = []
+    for layer in _base(model).model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return None
+        groups.append(
+            (
+                [attn.q_proj, attn.k_proj, attn.v_proj],
+                [attn.o_proj],
+                [mlp.gate_proj, mlp.up_proj],
+                [mlp.down_proj],
+            )
+        )
+    return groups
+
+
 def _blocks_of(model, kernels=None) -> list[_Block] | None:
     """The blocks of a supported model, read for this batch's weights; None if the model is not one."""
     kernels = kernels or PlainKernels()
@@ -177,21 +198,21 @@ def _blocks_of(model, kernels=None) -> list[_Block] | None:
     config = base.config
     if not supports(model) or base.training:
         return None
-    inner = base.model
+    groups = projection_groups(model)
+    if groups is None:
+        return None
     blocks = []
-    for layer in inner.layers:
+    for layer, (qkv, o, gate_up, down) in zip(base.model.layers, groups, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
-        if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            return None
         heads = config.num_attention_heads
         blocks.append(
             _Block(
                 norm1=_Norm(layer.input_layernorm),
-                qkv=_Projections([attn.q_proj, attn.k_proj, attn.v_proj], kernels),
-                o=_Projections([attn.o_proj], kernels),
+                qkv=_Projections(qkv, kernels),
+                o=_Projections(o, kernels),
                 norm2=_Norm(layer.post_attention_layernorm),
-                gate_up=_Projections([mlp.gate_proj, mlp.up_proj], kernels),
-                down=_Projections([mlp.down_proj], kernels),
+                gate_up=_Projections(gate_up, kernels),
+                down=_Projections(down, kernels),
                 act=mlp.act_fn,
                 heads=heads,
                 kv_heads=config.num_key_value_heads,

@@ -126,11 +126,12 @@ class _Prepared:
     def get(
         self,
         weights: list[torch.Tensor],
-        make: Callable[[], object],
+        make: Callable[[], object] | None,
         update: Callable[[object], None] | None = None,
-    ) -> object:
+    ) -> object | None:
         """The copy prepared from `weights` as they are now: kept, `make()`, or, for changed weights,
-        the kept copy rewritten in place by `update(copy)` where given."""
+        the kept copy rewritten in place by `update(copy)` where given. Without `make`, None where
+        no copy was made yet (nothing is made)."""
         key = tuple((w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape)) for w in weights)
         stamps = tuple(self.stamp(w) for w in weights)
         hit = self._entries.get(key)
@@ -139,6 +140,8 @@ class _Prepared:
         if hit is not None and update is not None:
             update(hit[1])
             value = hit[1]
+        elif make is None:
+            return None
         else:
             value = make()
         self._entries[key] = (stamps, value)
@@ -277,6 +280,31 @@ class PackedKernels:
         not run inside the folds' `applied()` (where their generation follows the adapter)."""
         if not self.folds.tracking:
             return None
+        folded = self._folded(modules, create=True)
+        if folded is None:
+            return None
+        packed, bias, out = folded
+
+        def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+            rows = x.shape[0]
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
+            return y.reshape(rows, 1, out)
+
+        return run
+
+    def training_fold(self, modules: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(packed `W + s B A`, joined bias) of a group of LoRA layers with the own adapter on, for
+        the trainer's forward (`lora_folded.folded_lora`), refolded if the adapter changed since.
+        Only a group a sampling batch has packed already: training borrows the sampler's packed
+        weights and never makes them (a run that only trains keeps its memory). The caller
+        refreshes the folds' generation first (`MergedWeights.refresh`)."""
+        folded = None if self.folds is None else self._folded(modules, create=False)
+        return None if folded is None else folded[:2]
+
+    def _folded(
+        self, modules: list[nn.Module], create: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+        """(packed folded weights, joined bias, summed outputs) of the group, made if `create`."""
         parts = [_lora_of(m) for m in modules]
         if any(p is None for p in parts):
             return None
@@ -302,14 +330,8 @@ class PackedKernels:
             fold(packed)
             return packed
 
-        packed = self.folded.get(bases, make, fold).tensor
-
-        def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
-            rows = x.shape[0]
-            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
-            return y.reshape(rows, 1, out)
-
-        return run
+        packed = self.folded.get(bases, make if create else None, fold)
+        return None if packed is None else (packed.tensor, bias, out)
 
 
 def low_precision_problem(precision: str, model) -> str | None:

@@ -24,7 +24,7 @@ from torch import nn
 
 def _addmm_forward(layer, peft_forward):
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        adapter = _plain_adapter(layer)
+        adapter = plain_adapter(layer)
         if adapter is None or args or kwargs:
             return peft_forward(x, *args, **kwargs)
         base = layer.get_base_layer()
@@ -38,7 +38,7 @@ def _addmm_forward(layer, peft_forward):
     return forward
 
 
-def _plain_adapter(layer) -> str | None:
+def plain_adapter(layer) -> str | None:
     """The one active adapter of a LoRA linear layer if its forward is the plain `x W^T + s x A^T B^T`."""
     if layer.disable_adapters or layer.merged or getattr(layer, "fan_in_fan_out", False):
         return None

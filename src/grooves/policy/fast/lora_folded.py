@@ -1,0 +1,132 @@
+"""The trainer's forward on the sampler's packed weights, with the LoRA adapter folded in.
+
+After a sampling batch the sampler holds each group of layers that read one input (q, k, v; o;
+gate, up; down) as one oneDNN-packed matrix with the adapter folded in, `W' = W + s B A`
+(`kernels._FoldedPacked`). The trainer's forward computes the same function, `x W^T + s (x A^T)
+B^T` per layer, as three matmuls in each of the 7 layers of a block and the glue between them.
+Here each group runs as one matmul on `W'` instead, in the forward:
+
+    y = x W'^T                                       (one packed matmul for the group)
+
+and the backward differentiates `x W^T + s (x A^T) B^T`, so every gradient is LoRA's own:
+
+    dL/dB_i = s_i g_i^T (x A_i^T)        dL/dA_i = s_i (g_i B_i)^T x
+    dL/dx   = sum_i g_i W_i + s_i (g_i B_i) A_i
+
+with g_i the output gradient of layer i of the group and W_i its frozen base weight (dense,
+the model's own). The group's A_i are stacked, so `x A^T` and the `A` terms are one matmul each.
+The forward is the sampler's function up to rounding: the trainer's logprobs are computed on the
+very weights the sampler drew with.
+
+transformers calls the layers one by one (`q_proj(h)`, then `k_proj(h)`, `v_proj(h)`), so the
+group's first layer computes the whole group and leaves the others their outputs, which they
+take when called on the same input tensor; anything else (another input, extra arguments, an
+adapter that is not the sampler's own, a group the sampler has not packed yet) runs the layer's
+forward as before (`lora_addmm`'s). The sampler's packed weights are borrowed, never made: a run
+that only trains (SFT without sampling) allocates nothing here. The fold is checked against the
+adapter before every forward of the model (`MergedWeights.refresh`), so an optimizer step
+between two forwards is seen. docs/speed.md (change 19) measures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from grooves.policy.fast.lora_addmm import plain_adapter
+
+Fold = Callable[[list[nn.Module]], "tuple[torch.Tensor, torch.Tensor | None] | None"]
+"""A group's (packed `W + s B A`, joined bias), or None: `PackedKernels.training_fold`."""
+
+
+class _FoldedGroup(torch.autograd.Function):
+    """y = x W'^T on the packed folded weights; the gradients of `x W_i^T + s_i (x A_i^T) B_i^T`."""
+
+    @staticmethod
+    def forward(ctx, x, packed, bias, bases, scales, *lora):  # x [N, in]; lora: A_1..A_k, B_1..B_k
+        ctx.bases, ctx.scales = bases, scales
+        ctx.save_for_backward(x, *lora)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [N, sum out]
+
+    @staticmethod
+    def backward(ctx, grad):  # grad [N, sum out]
+        x, *lora = ctx.saved_tensors
+        k = len(ctx.bases)
+        a_parts, b_parts = lora[:k], lora[k:]
+        ranks = [a.shape[0] for a in a_parts]
+        a = torch.cat(a_parts) if k > 1 else a_parts[0]  # [sum r, in]
+        # (A x^T)^T, not x A^T: the same product, and a several times faster kernel at rank-sized outputs
+        xa = torch.mm(a, x.t()).t()  # [N, sum r]
+        grad_x = None
+        grad_b, gxa = [], []
+        outs = [w.shape[0] for w in ctx.bases]
+        for g, w, b, s, xa_i in zip(
+            grad.split(outs, dim=1), ctx.bases, b_parts, ctx.scales, xa.split(ranks, dim=1), strict=True
+        ):
+            gxa.append(torch.mm(b.t(), g.t()).t() * s)  # s g B [N, r]
+            grad_b.append(torch.mm(xa_i.t(), g).t() * s)  # s g^T (x A^T) [out, r]
+            if ctx.needs_input_grad[0]:
+                grad_x = torch.mm(g, w) if grad_x is None else grad_x.addmm_(g, w)
+        gxa_all = torch.cat(gxa, dim=1) if k > 1 else gxa[0]  # [N, sum r]
+        grad_a = torch.mm(gxa_all.t(), x).split(ranks)  # [sum r, in]
+        if grad_x is not None:
+            grad_x.addmm_(gxa_all, a)
+        return (grad_x, None, None, None, None, *grad_a, *grad_b)
+
+
+def _group_forward(group: list[nn.Module], index: int, fallback, fold: Fold, adapter: str, left: dict):
+    layer = group[index]
+
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if index > 0:  # the group's first layer may have computed this one already, on this input
+            hit = left.pop(layer, None)
+            if hit is not None and hit[0] is x and not args and not kwargs:
+                return hit[1]
+            return fallback(x, *args, **kwargs)
+        if args or kwargs or any(plain_adapter(m) != adapter for m in group):
+            return fallback(x, *args, **kwargs)
+        folded = fold(group)
+        if folded is None:
+            return fallback(x, *args, **kwargs)
+        packed, bias = folded
+        bases = [m.get_base_layer().weight for m in group]
+        lora = [m.lora_A[adapter].weight for m in group] + [m.lora_B[adapter].weight for m in group]
+        scales = [float(m.scaling[adapter]) for m in group]
+        y = _FoldedGroup.apply(x.reshape(-1, x.shape[-1]), packed, bias, bases, scales, *lora)
+        outs = y.split([w.shape[0] for w in bases], dim=-1)
+        outs = [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
+        for other, out in zip(group[1:], outs[1:], strict=True):
+            left[other] = (x, out)
+        return outs[0]
+
+    return forward
+
+
+@contextlib.contextmanager
+def folded_lora(
+    model: nn.Module, groups: list[list[nn.Module]], fold: Fold, refresh: Callable[[], None], adapter: str
+) -> Iterator[None]:
+    """Inside: each group of `groups` (layers on one input, in the order the model calls them) whose
+    layers are plain LoRA layers with `adapter` on runs as one matmul on `fold(group)`; `refresh()`
+    runs before every forward of `model`, to bring the folds up to date with the adapter."""
+    left: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+    saved = []
+    for group in groups:
+        for i, layer in enumerate(group):
+            previous = vars(layer).get("forward")
+            saved.append((layer, previous))
+            layer.forward = _group_forward(group, i, layer.forward, fold, adapter, left)
+    hook = model.register_forward_pre_hook(lambda *_: refresh())
+    try:
+        yield
+    finally:
+        hook.remove()
+        left.clear()
+        for layer, previous in reversed(saved):
+            if previous is None:
+                del layer.forward
+            else:
+                layer.forward = previous

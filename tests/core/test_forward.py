@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grooves.core.forward import token_logprobs
+from grooves.core.forward import target_logprobs, token_logprobs
 from grooves.core.loss import compute_loss
 from grooves.core.tokenize import TrainSequence, pack_batches, pad_batch
 
@@ -258,3 +259,35 @@ def test_shared_prefix_matches_full_forward_values_and_gradients(tiny_model_dir)
         ValueError, match="the shared prefix holds sampled tokens"
     ):  # each row's first sampled token is 40
         shared_prefix_logprobs(model, alike, len(prompt) + 1)
+
+
+@pytest.mark.parametrize(
+    "temps",
+    [None, [1.0, 1.0, 0.5, 2.0, 2.0], [1.0, 0.7, 0.5, 2.0, 2.0]],  # the last: row 0 at two temperatures
+    ids=["all-1", "per-row", "one-row-two-temperatures"],
+)
+def test_target_logprobs_and_their_gradient_are_log_softmax_s(temps):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 7, generator=g, requires_grad=True)  # row 1 and 4 predict nothing
+    pred = torch.tensor([0, 0, 2, 3, 3])  # row 0 predicts two tokens, as a shared prompt's last position
+    targets = torch.tensor([4, 1, 6, 0, 0])
+    weights = torch.randn(5, generator=g)
+    t = None if temps is None else torch.tensor(temps)
+    lp, entropy = target_logprobs(logits, pred, targets, t, chunk_size=2)
+    (lp * weights).sum().backward()
+    grad, logits.grad = logits.grad, None
+    scaled = logits[pred] / (1.0 if t is None else t[:, None])
+    logp = scaled.log_softmax(-1)
+    expected = logp[torch.arange(5), targets]
+    (expected * weights).sum().backward()
+    assert torch.allclose(lp, expected.detach(), atol=1e-6)
+    assert torch.allclose(entropy, -(logp.exp() * logp).sum(-1).detach(), atol=1e-6)
+    assert torch.allclose(grad, logits.grad, atol=1e-6)
+    assert grad[1].abs().max() == 0 and grad[4].abs().max() == 0  # rows that predict nothing
+
+
+def test_a_target_logprob_by_hand():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # softmax (1/4, 3/4)
+    lp, entropy = target_logprobs(logits, torch.tensor([0]), torch.tensor([1]))
+    assert lp.item() == pytest.approx(math.log(0.75))
+    assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))

@@ -3,9 +3,10 @@
 The logprob of token t is read from the distribution at position t - 1, under the temperature
 that token was sampled at (logits / T_t, from `TrainBatch.temperatures`: a task may sample each
 turn at its own temperature), so it is comparable with the sampler's logprobs. The
-model's logits are computed once; the float32 log-softmax over the vocabulary is done a chunk of
-positions at a time and, when gradients are on, recomputed in the backward pass
-(activation checkpointing) instead of kept, so the full [B, T, V] float32 log-softmax never exists.
+model's logits are computed once; `target_logprobs` reads each sampled token's logprob and its
+distribution's entropy from them (a log-sum-exp a chunk of positions at a time) and writes their
+gradient in one pass, `g (onehot - softmax) / T`, so no [B, T, V] log-softmax, its gradient or a
+zero-filled gradient of a slice of the logits is ever made.
 
 The same function gives reference logprobs: the caller wraps it in `model.disable_adapter()` (a
 peft model) and `torch.no_grad()`; nothing here knows about adapters.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from grooves.core.tokenize import TrainBatch
 
@@ -44,9 +44,14 @@ def token_logprobs(
         position_ids=batch.position_ids,
         use_cache=False,
     ).logits  # [B, T, V]
-    predicting = logits[:, :-1]  # [B, T-1, V]: position t-1 predicts token t
-    targets = batch.input_ids[:, 1:]  # [B, T-1]
-    lp, entropy = _logprobs_of(predicting, targets, _from(temps, 1), chunk_size, lead=1)  # [B, T]
+    rows, width, vocab = logits.shape
+    # position t - 1 of row b, flat row b T + t - 1 of the logits (a view), predicts token t
+    steps = torch.arange(width - 1, device=logits.device)
+    pred = (torch.arange(rows, device=logits.device)[:, None] * width + steps).reshape(-1)  # [B (T-1)]
+    targets = batch.input_ids[:, 1:].reshape(-1)  # [B (T-1)]
+    token_temps = None if temps is None else temps[:, 1:].reshape(-1)
+    lp, entropy = target_logprobs(logits.reshape(rows * width, vocab), pred, targets, token_temps, chunk_size)
+    lp, entropy = (_lead(x.view(rows, width - 1), 1) for x in (lp, entropy))  # [B, T]
     starts = (
         batch.position_ids == 0
     )  # [B, T]: a packed row's next sequence is not predicted by the previous one
@@ -70,24 +75,80 @@ def _from(temps: torch.Tensor | None, start: int) -> torch.Tensor | None:
     return None if temps is None else temps[:, start:]
 
 
-def _logprobs_of(
-    predicting: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor | None, chunk_size: int, lead: int
+def _lead(x: torch.Tensor, lead: int) -> torch.Tensor:
+    """[B, S] -> [B, lead + S] with `lead` zero columns in front (positions nothing here predicts)."""
+    return torch.cat([x.new_zeros(x.shape[0], lead), x], dim=1)
+
+
+def target_logprobs(
+    logits: torch.Tensor,
+    pred: torch.Tensor,
+    targets: torch.Tensor,
+    temps: torch.Tensor | None = None,
+    chunk_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs/entropies of `targets` [B, S] under `predicting` [B, S, V] / `temps` [B, S] (None: 1),
-    chunked over S, with `lead` zero columns in front (positions nothing here predicts)."""
-    lp_parts, ent_parts = [], []
-    for start in range(0, targets.shape[1], chunk_size):
-        chunk = predicting[:, start : start + chunk_size]  # [B, c, V]
-        tgt = targets[:, start : start + chunk_size]  # [B, c]
-        temp = None if temps is None else temps[:, start : start + chunk_size]  # [B, c]
-        if torch.is_grad_enabled() and chunk.requires_grad:
-            lp_c, ent_c = checkpoint(_chunk_logprobs, chunk, tgt, temp, use_reentrant=False)
-        else:
-            lp_c, ent_c = _chunk_logprobs(chunk, tgt, temp)
-        lp_parts.append(lp_c)
-        ent_parts.append(ent_c)
-    zeros = torch.zeros(targets.shape[0], lead, dtype=torch.float32, device=targets.device)  # [B, lead]
-    return torch.cat([zeros, *lp_parts], dim=1), torch.cat([zeros, *ent_parts], dim=1)
+    """Logprob and entropy of K tokens, token k predicted by row pred[k] of `logits` [M, V].
+
+    lp[k] = z[p, y] - logsumexp(z[p]) with p = pred[k], y = targets[k], z = logits / t_k
+    (`temps` [K], None: 1), and entropy[k] = -sum_v softmax(z[p])_v log softmax(z[p])_v
+    (detached), both float32 [K]. A row may predict several tokens (a shared prompt's last
+    position predicts every completion's first token) and need not predict any. The backward
+    writes dL/dz[p] = sum over the tokens k that p predicts of g_k (onehot(y_k) - softmax(z[p])) / t_k
+    straight into the gradient of `logits`: one pass, no log-softmax or one-hot kept. Rows that
+    predict tokens at two temperatures are read one row per token instead.
+    """
+    row_temps = None
+    if temps is not None:
+        row_temps = temps.new_ones(logits.shape[0]).index_put_((pred,), temps)
+        if not torch.equal(row_temps[pred], temps):  # one row, two temperatures
+            logits, row_temps = logits.index_select(0, pred), temps
+            pred = torch.arange(len(targets), device=targets.device)
+    return _TargetLogprobs.apply(logits, pred, targets, row_temps, chunk_size)
+
+
+def _scaled(logits: torch.Tensor, temps: torch.Tensor | None) -> torch.Tensor:
+    """float32 logits / each row's temperature (the logits themselves when float32 and all 1)."""
+    return logits.float() if temps is None else logits.float() / temps[:, None]
+
+
+class _TargetLogprobs(torch.autograd.Function):
+    """`target_logprobs` with its one-pass backward (see there)."""
+
+    @staticmethod
+    def forward(ctx, logits, pred, targets, row_temps, chunk_size):
+        rows = logits.shape[0]
+        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)  # [M]
+        entropy = torch.empty_like(lse)  # [M]
+        for start in range(0, rows, chunk_size):
+            part = slice(start, start + chunk_size)
+            z = _scaled(logits[part], None if row_temps is None else row_temps[part])  # [c, V]
+            lse[part] = torch.logsumexp(z, dim=-1)
+            # -sum p log p = lse - sum p z, from the probabilities at hand: no log over the vocabulary
+            entropy[part] = lse[part] - (z - lse[part, None]).exp_().mul_(z).sum(-1)
+        picked = logits[pred, targets].float()  # [K]
+        if row_temps is not None:
+            picked = picked / row_temps[pred]
+        ctx.save_for_backward(logits, lse, pred, targets, row_temps)
+        ctx.chunk_size = chunk_size
+        token_entropy = entropy[pred]
+        ctx.mark_non_differentiable(token_entropy)
+        return picked - lse[pred], token_entropy
+
+    @staticmethod
+    def backward(ctx, grad_lp, _grad_entropy):
+        logits, lse, pred, targets, row_temps = ctx.saved_tensors
+        per_row = torch.zeros_like(lse).index_add_(0, pred, grad_lp)  # [M]: the sum of g_k over its tokens
+        per_token = grad_lp
+        if row_temps is not None:
+            per_row = per_row / row_temps
+            per_token = grad_lp / row_temps[pred]
+        grad = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [M, V]
+        for start in range(0, logits.shape[0], ctx.chunk_size):
+            part = slice(start, start + ctx.chunk_size)
+            z = _scaled(logits[part], None if row_temps is None else row_temps[part])
+            torch.sub(z, lse[part, None], out=grad[part]).exp_().mul_(-per_row[part, None])  # -G softmax / t
+        grad.index_put_((pred, targets), per_token, accumulate=True)  # + g onehot / t
+        return grad.to(logits.dtype), None, None, None, None
 
 
 def shared_prefix_logprobs(
@@ -151,7 +212,15 @@ def shared_prefix_logprobs(
     predicting = torch.cat(
         [head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], dim=1
     )  # [B, S, V]
-    return _logprobs_of(predicting, suffix, _from(temps, prefix_len), chunk_size, lead=prefix_len)
+    suffix_temps = _from(temps, prefix_len)
+    lp, entropy = target_logprobs(
+        predicting.reshape(-1, predicting.shape[-1]),
+        torch.arange(suffix.numel(), device=suffix.device),
+        suffix.reshape(-1),
+        None if suffix_temps is None else suffix_temps.reshape(-1),
+        chunk_size,
+    )
+    return _lead(lp.view(suffix.shape), prefix_len), _lead(entropy.view(suffix.shape), prefix_len)
 
 
 def _packed_with_prefix(
@@ -189,19 +258,14 @@ def _packed_with_prefix(
             p - 1, p + n, device
         ),  # the prefix's earlier positions predict nothing sampled
     )
-    kept = out.logits  # [1, N + 1, V]; kept[:, k] is packed position P - 1 + k
-    # packed token k is predicted by the position before it (kept[:, k]), except a row's first
-    # token: the prefix's last position (kept[:, 0]); both are read as views, never copied
+    kept = out.logits[0]  # [N + 1, V]; row k is packed position P - 1 + k
+    # packed token k is predicted by the position before it (row k), except a row's first token:
+    # by the prefix's last position (row 0)
+    pred = torch.where(offset == 0, torch.zeros_like(index), index)  # [N]
     suffix_temps = _from(temps, p)  # [B, S] or None
-    packed_temps = None if suffix_temps is None else suffix_temps[real][None]  # [1, N]
-    first_temps = None if suffix_temps is None else suffix_temps[:, :1]  # [B, 1]
-    lp_next, ent_next = _logprobs_of(kept[:, :n], ids[None], packed_temps, chunk_size, lead=0)  # [1, N]
-    lp_first, ent_first = _logprobs_of(
-        kept[:, :1].expand(rows, -1, -1), suffix[:, :1], first_temps, chunk_size, lead=0
-    )  # [B, 1]
-    first = offset == 0  # [N]
-    lp = torch.where(first, lp_first[seq, 0], lp_next[0])  # [N]
-    entropy = torch.where(first, ent_first[seq, 0], ent_next[0])  # [N]
+    lp, entropy = target_logprobs(
+        kept, pred, ids, None if suffix_temps is None else suffix_temps[real], chunk_size
+    )  # [N]
     placed = torch.cat([real.new_zeros(rows, p), real], dim=1)  # [B, T]
     return lp.new_zeros(rows, width).masked_scatter(placed, lp), entropy.new_zeros(
         rows, width
@@ -217,19 +281,6 @@ def kept_positions(start: int, stop: int, device: torch.device | str) -> torch.T
     is contiguous and runs as one plain matmul.
     """
     return torch.arange(start, stop, device=device)
-
-
-def _chunk_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    scaled = logits.float() if temps is None else logits.float() / temps[..., None]  # [B, c, V]
-    logp = torch.log_softmax(scaled, dim=-1)  # [B, c, V]
-    lp = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, c]
-    with (
-        torch.no_grad()
-    ):  # -sum p log p from the log-probabilities at hand: no second log over the vocabulary
-        entropy = -(logp.exp() * logp).sum(-1)  # [B, c]; logits are finite, so no 0 * -inf
-    return lp, entropy
 
 
 def _attention_mask(model: torch.nn.Module, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -11,6 +11,7 @@ from grooves.policy.fast import FastPaths, lora_folded
 from grooves.policy.fast.kernels import blocked_layout
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
+from grooves.train.step import checkpointed_layers
 from tiny_models import build_tiny_model_dir
 
 
@@ -96,6 +97,20 @@ def test_logits_and_adapter_gradients_match_peft_and_follow_the_adapter(wide_mod
     with torch.no_grad(), model.disable_adapter():
         assert torch.equal(base, model(input_ids=ids).logits)
     assert counted.calls == 4 * 2 * 2
+
+
+def test_under_gradient_checkpointing_the_recomputed_groups_give_the_same_gradients(wide_model_dir, monkeypatch):
+    policy = _policy(wide_model_dir)
+    model = policy.model
+    _sample(policy)
+    ids = torch.randint(0, 400, (2, 9), generator=torch.Generator().manual_seed(4))
+    _, grads = _forward_backward(model.train(), ids)
+    counted = _Count(monkeypatch)
+    with policy.training_phase(), checkpointed_layers(model, True):
+        _, checkpointed = _forward_backward(model, ids)
+    assert counted.calls == 2 * 4 * 2  # every group ran twice: forward, then recomputed in the backward
+    for name, g in grads.items():
+        assert (checkpointed[name] - g).abs().max() <= 1e-5 * g.abs().max(), name
 
 
 def test_training_borrows_the_packed_folds_and_never_makes_them(wide_model_dir, monkeypatch):

@@ -258,7 +258,8 @@ def _packed_with_prefix(
             p - 1, p + n, device
         ),  # the prefix's earlier positions predict nothing sampled
     )
-    kept = out.logits[0]  # [N + 1, V]; row k is packed position P - 1 + k
+    kept = out.logits.view(n + 1, -1)  # [N + 1, V]; row k is packed position P - 1 + k (a view:
+    # indexing [0] would make its backward zero-fill a [1, N + 1, V] gradient)
     # packed token k is predicted by the position before it (row k), except a row's first token:
     # by the prefix's last position (row 0)
     pred = torch.where(offset == 0, torch.zeros_like(index), index)  # [N]

@@ -11,8 +11,9 @@ Each path computes the same function as plain transformers + peft, in fewer or l
 - the prompt on the packed weights too (`decode.FusedPrefill`);
 - allocator reuse (`allocator.py`): glibc keeps the big blocks torch frees for reuse;
 - LoRA addmm (`lora_addmm.py`): training's LoRA layers as one `addmm` each;
-- the trainer's forward on the sampler's packed folded weights (`lora_folded.py`): each group of
-  layers on one input as one matmul, the backward LoRA's own;
+- the trainer's forward on the sampler's packed weights (`packed_training.py`): each group of
+  layers on one input as one matmul on the packed fold, the backward LoRA's own, and the output
+  head on its packed copy;
 - timed matmul forms (`output_head.py`, `decode.MatmulPlan`): a decode matmul run as `x W^T` or as
   `(W x^T)^T`, whichever a timing found faster at that row count.
 
@@ -63,9 +64,9 @@ from grooves.policy.fast.kernels import (
     version_stamp,
 )
 from grooves.policy.fast.lora_addmm import addmm_lora
-from grooves.policy.fast.lora_folded import folded_lora
 from grooves.policy.fast.merged import MergedWeights
 from grooves.policy.fast.output_head import PlannedHead
+from grooves.policy.fast.packed_training import on_packed_weights
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,8 @@ def training(
     paths: FastPaths, model: torch.nn.Module, sampling: FastSampling | None = None
 ) -> Iterator[None]:
     """The training speed paths for an optimizer step's span: LoRA layers as one `addmm`, and,
-    where `sampling` folds the adapter into its packed weights, each group of layers on one input
-    as one matmul on those (`lora_folded.py`)."""
+    where `sampling` folds the adapter into its packed weights, the forward on those and on the
+    packed output head (`packed_training.py`)."""
     with contextlib.ExitStack() as stack:
         if paths.lora_addmm:
             stack.enter_context(addmm_lora(model))
@@ -223,8 +224,9 @@ class FastSampling:
         return self.merged.applied()
 
     def trainer_folds(self, model: torch.nn.Module) -> contextlib.AbstractContextManager | None:
-        """The trainer's forward on these packed folded weights (`lora_folded.folded_lora`), or
-        None where the kernels do not fold the adapter into their packed copies."""
+        """The trainer's forward on these packed folded weights and packed output head
+        (`packed_training.on_packed_weights`), or None where the kernels do not fold the adapter
+        into their packed copies."""
         kernels = self.kernels
         if not (isinstance(kernels, PackedKernels) and kernels.folds is not None):
             return None
@@ -232,12 +234,13 @@ class FastSampling:
         if groups is None:
             return None
         merged = kernels.folds
-        return folded_lora(
+        return on_packed_weights(
             model,
             [g for layer in groups for g in layer],
             kernels.training_fold,
             merged.refresh,
             merged.adapter,
+            kernels.training_packed,
         )
 
     def output_head(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:

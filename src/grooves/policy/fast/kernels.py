@@ -294,12 +294,21 @@ class PackedKernels:
 
     def training_fold(self, modules: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """(packed `W + s B A`, joined bias) of a group of LoRA layers with the own adapter on, for
-        the trainer's forward (`lora_folded.folded_lora`), refolded if the adapter changed since.
+        the trainer's forward (`packed_training.on_packed_weights`), refolded if the adapter changed since.
         Only a group a sampling batch has packed already: training borrows the sampler's packed
         weights and never makes them (a run that only trains keeps its memory). The caller
         refreshes the folds' generation first (`MergedWeights.refresh`)."""
         folded = None if self.folds is None else self._folded(modules, create=False)
         return None if folded is None else folded[:2]
+
+    def training_packed(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(packed W, bias) of a plain linear layer (the output head) as a sampling batch packed it,
+        for the trainer's forward; None where none was packed or its weight changed since."""
+        plain = plain_linear(module)
+        if plain is None:
+            return None
+        packed = self.packed.get([plain[0]], None)
+        return None if packed is None else (packed, plain[1])
 
     def _folded(
         self, modules: list[nn.Module], create: bool

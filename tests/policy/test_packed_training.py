@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grooves.config import LoraConfig
-from grooves.policy.fast import FastPaths, lora_folded
+from grooves.policy.fast import FastPaths, packed_training
 from grooves.policy.fast.kernels import blocked_layout
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
@@ -52,17 +52,22 @@ def _forward_backward(model, ids):
 
 
 class _Count:
-    """Counts the groups that ran on the packed folds."""
+    """Counts the groups that ran on the packed folds (`calls`) and the output head's packed runs (`heads`)."""
 
     def __init__(self, monkeypatch):
-        self.calls = 0
-        apply = lora_folded._FoldedGroup.apply
+        self.calls = self.heads = 0
+        group, head = packed_training._FoldedGroup.apply, packed_training._PackedLinear.apply
 
         def counted(*args):
             self.calls += 1
-            return apply(*args)
+            return group(*args)
 
-        monkeypatch.setattr(lora_folded._FoldedGroup, "apply", counted)
+        def counted_head(*args):
+            self.heads += 1
+            return head(*args)
+
+        monkeypatch.setattr(packed_training._FoldedGroup, "apply", counted)
+        monkeypatch.setattr(packed_training._PackedLinear, "apply", counted_head)
 
 
 def _scale_a(policy, factor) -> None:
@@ -84,6 +89,7 @@ def test_logits_and_adapter_gradients_match_peft_and_follow_the_adapter(wide_mod
         with policy.training_phase():
             folded_logits, folded_grads = _forward_backward(model, ids)
         assert counted.calls == 4 * 2 * (step + 1)  # q/k/v, o, gate/up, down of 2 blocks, each one matmul
+        assert counted.heads == step + 1  # and the output head on its packed copy
         assert torch.allclose(folded_logits, logits, atol=1e-5)
         assert (
             sorted(folded_grads) == sorted(grads) and len(grads) == 2 * 7 * 2
@@ -99,7 +105,9 @@ def test_logits_and_adapter_gradients_match_peft_and_follow_the_adapter(wide_mod
     assert counted.calls == 4 * 2 * 2
 
 
-def test_under_gradient_checkpointing_the_recomputed_groups_give_the_same_gradients(wide_model_dir, monkeypatch):
+def test_under_gradient_checkpointing_the_recomputed_groups_give_the_same_gradients(
+    wide_model_dir, monkeypatch
+):
     policy = _policy(wide_model_dir)
     model = policy.model
     _sample(policy)
@@ -119,7 +127,9 @@ def test_training_borrows_the_packed_folds_and_never_makes_them(wide_model_dir, 
     ids = torch.randint(0, 400, (1, 7), generator=torch.Generator().manual_seed(1))
     with policy.training_phase():
         _forward_backward(policy.model.train(), ids)
-    assert counted.calls == 0 and not policy.sampler.fast.kernels.folded._entries  # nothing sampled yet
+    kernels = policy.sampler.fast.kernels
+    assert counted.calls == counted.heads == 0  # nothing sampled yet: nothing packed, nothing made
+    assert not kernels.folded._entries and not kernels.packed._entries
     _sample(policy)
     with policy.training_phase():
         _forward_backward(policy.model.train(), ids)

@@ -1,4 +1,4 @@
-"""The trainer's forward on the sampler's packed weights, with the LoRA adapter folded in.
+"""The trainer's forward on the sampler's packed weights: the LoRA adapter folded in, and the output head.
 
 After a sampling batch the sampler holds each group of layers that read one input (q, k, v; o;
 gate, up; down) as one oneDNN-packed matrix with the adapter folded in, `W' = W + s B A`
@@ -22,10 +22,12 @@ transformers calls the layers one by one (`q_proj(h)`, then `k_proj(h)`, `v_proj
 group's first layer computes the whole group and leaves the others their outputs, which they
 take when called on the same input tensor; anything else (another input, extra arguments, an
 adapter that is not the sampler's own, a group the sampler has not packed yet) runs the layer's
-forward as before (`lora_addmm`'s). The sampler's packed weights are borrowed, never made: a run
-that only trains (SFT without sampling) allocates nothing here. The fold is checked against the
-adapter before every forward of the model (`MergedWeights.refresh`), so an optimizer step
-between two forwards is seen. docs/speed.md (change 19) measures it.
+forward as before (`lora_addmm`'s). The output head, a frozen plain linear layer, runs on the
+sampler's packed copy of it too, its backward `dL/dx = g W` on the dense weight. The sampler's
+packed weights are borrowed, never made: a run that only trains (SFT without sampling) allocates
+nothing here. The fold is checked against the adapter before every forward of the model
+(`MergedWeights.refresh`), so an optimizer step between two forwards is seen. docs/speed.md
+(change 19) measures it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,33 @@ from grooves.policy.fast.lora_addmm import plain_adapter
 
 Fold = Callable[[list[nn.Module]], "tuple[torch.Tensor, torch.Tensor | None] | None"]
 """A group's (packed `W + s B A`, joined bias), or None: `PackedKernels.training_fold`."""
+Packed = Callable[[nn.Module], "tuple[torch.Tensor, torch.Tensor | None] | None"]
+"""A plain linear layer's (packed `W`, bias) as the sampler keeps it, or None: `PackedKernels.training_packed`."""
+
+
+class _PackedLinear(torch.autograd.Function):
+    """y = x W^T + b on W's packed copy; dL/dx = g W on the dense W (W and b are frozen)."""
+
+    @staticmethod
+    def forward(ctx, x, packed, bias, weight):  # x [N, in]
+        ctx.weight = weight
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [N, out]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.mm(grad, ctx.weight), None, None, None
+
+
+def _head_forward(head: nn.Linear, fallback, packed: Packed):
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        frozen = not head.weight.requires_grad and (head.bias is None or not head.bias.requires_grad)
+        found = packed(head) if frozen and not args and not kwargs else None
+        if found is None:
+            return fallback(x, *args, **kwargs)
+        y = _PackedLinear.apply(x.reshape(-1, x.shape[-1]), found[0], found[1], head.weight)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    return forward
 
 
 class _FoldedGroup(torch.autograd.Function):
@@ -106,12 +135,18 @@ def _group_forward(group: list[nn.Module], index: int, fallback, fold: Fold, ada
 
 
 @contextlib.contextmanager
-def folded_lora(
-    model: nn.Module, groups: list[list[nn.Module]], fold: Fold, refresh: Callable[[], None], adapter: str
+def on_packed_weights(
+    model: nn.Module,
+    groups: list[list[nn.Module]],
+    fold: Fold,
+    refresh: Callable[[], None],
+    adapter: str,
+    packed: Packed,
 ) -> Iterator[None]:
     """Inside: each group of `groups` (layers on one input, in the order the model calls them) whose
-    layers are plain LoRA layers with `adapter` on runs as one matmul on `fold(group)`; `refresh()`
-    runs before every forward of `model`, to bring the folds up to date with the adapter."""
+    layers are plain LoRA layers with `adapter` on runs as one matmul on `fold(group)`, and the
+    output head on `packed(head)`; `refresh()` runs before every forward of `model`, to bring the
+    folds up to date with the adapter."""
     left: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
     saved = []
     for group in groups:
@@ -119,6 +154,10 @@ def folded_lora(
             previous = vars(layer).get("forward")
             saved.append((layer, previous))
             layer.forward = _group_forward(group, i, layer.forward, fold, adapter, left)
+    head = model.get_output_embeddings()
+    if type(head) is nn.Linear:
+        saved.append((head, vars(head).get("forward")))
+        head.forward = _head_forward(head, head.forward, packed)
     hook = model.register_forward_pre_hook(lambda *_: refresh())
     try:
         yield

@@ -291,3 +291,17 @@ def test_a_target_logprob_by_hand():
     lp, entropy = target_logprobs(logits, torch.tensor([0]), torch.tensor([1]))
     assert lp.item() == pytest.approx(math.log(0.75))
     assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_bfloat16_logits_get_a_bfloat16_gradient_summed_in_float32():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 11, generator=g).to(torch.bfloat16).requires_grad_()
+    pred, targets = torch.tensor([0, 0, 3, 5]), torch.tensor([2, 7, 7, 1])
+    lp, _ = target_logprobs(logits, pred, targets, chunk_size=4)  # a chunk boundary between rows 3 and 4
+    lp.sum().backward()
+    exact = logits.detach().float().requires_grad_()
+    expected = exact[pred].log_softmax(-1)[torch.arange(4), targets]
+    expected.sum().backward()
+    assert lp.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    assert torch.allclose(lp, expected.detach(), atol=1e-5)
+    assert torch.allclose(logits.grad.float(), exact.grad, atol=1e-2)  # one rounding to bfloat16

@@ -142,13 +142,23 @@ class _TargetLogprobs(torch.autograd.Function):
         if row_temps is not None:
             per_row = per_row / row_temps
             per_token = grad_lp / row_temps[pred]
-        grad = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [M, V]
-        for start in range(0, logits.shape[0], ctx.chunk_size):
-            part = slice(start, start + ctx.chunk_size)
-            z = _scaled(logits[part], None if row_temps is None else row_temps[part])
-            torch.sub(z, lse[part, None], out=grad[part]).exp_().mul_(-per_row[part, None])  # -G softmax / t
-        grad.index_put_((pred, targets), per_token, accumulate=True)  # + g onehot / t
-        return grad.to(logits.dtype), None, None, None, None
+        grad = torch.empty_like(logits)  # [M, V]
+        rows = logits.shape[0]
+        for start in range(0, rows, ctx.chunk_size):
+            stop = min(start + ctx.chunk_size, rows)
+            z = _scaled(logits[start:stop], None if row_temps is None else row_temps[start:stop])
+            # float32 logits: written in place; others: summed in float32, then rounded once
+            part = grad[start:stop] if grad.dtype == torch.float32 else torch.empty_like(z)
+            torch.sub(z, lse[start:stop, None], out=part).exp_().mul_(
+                -per_row[start:stop, None]
+            )  # -G softmax / t
+            here = (pred >= start) & (pred < stop)
+            part.index_put_(
+                (pred[here] - start, targets[here]), per_token[here], accumulate=True
+            )  # + g onehot / t
+            if grad.dtype != torch.float32:
+                grad[start:stop] = part
+        return grad, None, None, None, None
 
 
 def shared_prefix_logprobs(

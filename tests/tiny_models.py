@@ -99,3 +99,21 @@ def build_tiny_model_dir(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def lora_policy(model_dir, **kwargs):
+    """A `TransformersPolicy` on `model_dir` with a rank-4 LoRA adapter whose B is drawn nonzero
+    (peft starts it at zero, where the adapter would change nothing), the same adapter each call."""
+    import torch
+
+    from grooves.config import LoraConfig
+    from grooves.policy.transformers import TransformersPolicy
+
+    torch.manual_seed(0)  # peft draws lora_A from torch's global generator
+    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, **kwargs)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return policy

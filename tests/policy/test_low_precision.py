@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grooves.config import ConfigError, LoraConfig, RunConfig, check_against_model
+from grooves.config import ConfigError, RunConfig, check_against_model
 from grooves.policy.fast import FastPaths
 from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
@@ -18,7 +18,7 @@ from grooves.policy.fast.kernels import (
 )
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
-from tiny_models import build_tiny_model_dir, build_tiny_tokenizer
+from tiny_models import build_tiny_model_dir, build_tiny_tokenizer, lora_policy
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -26,17 +26,6 @@ def model_dir(request, tmp_path_factory):
     return build_tiny_model_dir(
         tmp_path_factory.mktemp(request.param), architecture=request.param, init_std=0.2
     )
-
-
-def _policy(model_dir, **kwargs) -> TransformersPolicy:
-    torch.manual_seed(0)  # peft draws lora_A from torch's global generator: the same adapter each time
-    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, **kwargs)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:  # peft starts B at zero; a nonzero adapter must show in the draws
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return policy
 
 
 def _prompts(policy) -> list[list[int]]:
@@ -52,8 +41,8 @@ def _draws(policy):
 
 
 def test_the_packed_float32_decode_draws_the_plain_paths_tokens(model_dir):
-    packed = _policy(model_dir)  # model.fast = "on"
-    plain = _policy(model_dir, fast=FastPaths(packed_decode=False))
+    packed = lora_policy(model_dir)  # model.fast = "on"
+    plain = lora_policy(model_dir, fast=FastPaths(packed_decode=False))
     assert isinstance(packed.sampler.fast.kernels, PackedKernels)
     assert isinstance(plain.sampler.fast.kernels, PlainKernels)
     a, b = _draws(packed), _draws(plain)
@@ -95,8 +84,8 @@ def test_the_block_layout_found_by_the_probe_is_what_onednn_packs():
 
 
 def test_the_packed_weights_follow_the_adapter_after_an_optimizer_step(model_dir):
-    packed = _policy(model_dir)
-    plain = _policy(model_dir, fast=FastPaths(packed_decode=False))
+    packed = lora_policy(model_dir)
+    plain = lora_policy(model_dir, fast=FastPaths(packed_decode=False))
     _draws(packed)  # packs the folded weights
     for policy in (packed, plain):
         with torch.no_grad():
@@ -123,8 +112,8 @@ def wide_model_dir(request, tmp_path_factory):
 def test_the_adapter_folded_into_the_packed_weights_draws_the_plain_paths_tokens(wide_model_dir):
     if blocked_layout(64, 64, 8) is None:
         pytest.skip("oneDNN's packed layout is opaque on this CPU: the kernels pack a dense fold instead")
-    packed = _policy(wide_model_dir)
-    plain = _policy(wide_model_dir, fast=FastPaths(packed_decode=False))
+    packed = lora_policy(wide_model_dir)
+    plain = lora_policy(wide_model_dir, fast=FastPaths(packed_decode=False))
     folds = packed.sampler.fast.merged
     assert not folds.dense and packed.sampler.fast.kernels.folds is folds  # no dense folded copy
     assert plain.sampler.fast.merged.dense
@@ -155,7 +144,7 @@ def test_quantize_rows_is_symmetric_per_output_row():
 
 @pytest.mark.parametrize("precision", ["int8", "bfloat16"])
 def test_a_low_precision_layer_is_its_rounded_base_plus_the_float32_adapter(model_dir, precision):
-    policy = _policy(model_dir, sampler_precision=precision)
+    policy = lora_policy(model_dir, sampler_precision=precision)
     layer = policy.model.get_base_model().model.layers[0].self_attn.q_proj  # a peft LoRA layer
     base = layer.get_base_layer()
     a, b, s = layer.lora_A["default"].weight, layer.lora_B["default"].weight, layer.scaling["default"]
@@ -181,9 +170,9 @@ def test_a_low_precision_layer_is_its_rounded_base_plus_the_float32_adapter(mode
 
 @pytest.mark.parametrize("precision", ["int8", "bfloat16"])
 def test_a_low_precision_sampler_samples_near_the_trainer_and_follows_the_adapter(model_dir, precision):
-    policy = _policy(model_dir, sampler_precision=precision)
+    policy = lora_policy(model_dir, sampler_precision=precision)
     assert policy.sampler.fast.merged is None  # no folded float32 copy: the adapter runs on top
-    plain = _policy(model_dir)
+    plain = lora_policy(model_dir)
     low, full = _draws(policy), _draws(plain)
     gaps = []
     for p, q in zip(low, full, strict=True):  # the same tokens' logprobs, up to where the draws part

@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grooves.config import LoraConfig
 from grooves.policy.fast import FastPaths, packed_training
 from grooves.policy.fast.kernels import blocked_layout
 from grooves.policy.sampling import SamplingParams
-from grooves.policy.transformers import TransformersPolicy
 from grooves.train.step import checkpointed_layers
-from tiny_models import build_tiny_model_dir
+from tiny_models import build_tiny_model_dir, lora_policy
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -26,17 +24,6 @@ def wide_model_dir(request, tmp_path_factory):
         hidden_size=64,
         init_std=0.2,
     )
-
-
-def _policy(model_dir, **kwargs) -> TransformersPolicy:
-    torch.manual_seed(0)  # peft draws lora_A from torch's global generator: the same adapter each time
-    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, **kwargs)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:  # peft starts B at zero, where the adapter's term would vanish
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return policy
 
 
 def _sample(policy) -> None:
@@ -78,7 +65,7 @@ def _scale_a(policy, factor) -> None:
 
 
 def test_logits_and_adapter_gradients_match_peft_and_follow_the_adapter(wide_model_dir, monkeypatch):
-    policy = _policy(wide_model_dir)
+    policy = lora_policy(wide_model_dir)
     model = policy.model
     _sample(policy)  # packs the folded weights
     counted = _Count(monkeypatch)
@@ -108,7 +95,7 @@ def test_logits_and_adapter_gradients_match_peft_and_follow_the_adapter(wide_mod
 def test_under_gradient_checkpointing_the_recomputed_groups_give_the_same_gradients(
     wide_model_dir, monkeypatch
 ):
-    policy = _policy(wide_model_dir)
+    policy = lora_policy(wide_model_dir)
     model = policy.model
     _sample(policy)
     ids = torch.randint(0, 400, (2, 9), generator=torch.Generator().manual_seed(4))
@@ -122,7 +109,7 @@ def test_under_gradient_checkpointing_the_recomputed_groups_give_the_same_gradie
 
 
 def test_training_borrows_the_packed_folds_and_never_makes_them(wide_model_dir, monkeypatch):
-    policy = _policy(wide_model_dir)
+    policy = lora_policy(wide_model_dir)
     counted = _Count(monkeypatch)
     ids = torch.randint(0, 400, (1, 7), generator=torch.Generator().manual_seed(1))
     with policy.training_phase():
@@ -137,7 +124,7 @@ def test_training_borrows_the_packed_folds_and_never_makes_them(wide_model_dir, 
 
 
 def test_a_layer_called_on_another_input_than_its_group_runs_on_its_own(wide_model_dir, monkeypatch):
-    policy = _policy(wide_model_dir)
+    policy = lora_policy(wide_model_dir)
     _sample(policy)
     attn = policy.model.get_base_model().model.layers[0].self_attn
     x, other = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2)).unbind(0)
@@ -153,7 +140,7 @@ def test_a_layer_called_on_another_input_than_its_group_runs_on_its_own(wide_mod
 
 
 def test_without_packed_folds_training_runs_peft_s_layers_through_addmm(wide_model_dir, monkeypatch):
-    policy = _policy(wide_model_dir, fast=FastPaths(packed_decode=False))
+    policy = lora_policy(wide_model_dir, fast=FastPaths(packed_decode=False))
     _sample(policy)
     assert policy.sampler.fast.trainer_folds(policy.model) is None
     counted = _Count(monkeypatch)

@@ -87,7 +87,7 @@ class _FoldedGroup(torch.autograd.Function):
         a_parts, b_parts = lora[:k], lora[k:]
         ranks = [a.shape[0] for a in a_parts]
         a = torch.cat(a_parts) if k > 1 else a_parts[0]  # [sum r, in]
-        # (A x^T)^T, not x A^T: the same product, and a several times faster kernel at rank-sized outputs
+        # (A x^T)^T, not x A^T: the same product; its kernel was the faster at rank-sized outputs in isolation
         xa = torch.mm(a, x.t()).t()  # [N, sum r]
         grad_x = None
         grad_b, gxa = [], []

@@ -34,6 +34,7 @@ from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.adapters import keep_requires_grad
 from grooves.policy.base import Policy
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.old_policy import AdapterHistory, old_policy_logprobs, stale_logprobs
 from grooves.train.pipeline import staleness_stats
 
 
@@ -45,6 +46,7 @@ def train_step(
     loss_fn: Loss,
     *,
     sync: StepSync | None = None,
+    history: AdapterHistory | None = None,
 ) -> tuple[dict[str, float], list[TrainSequence]]:
     """One training step on scored groups: (its statistics, the sequences it trained on).
 
@@ -53,16 +55,32 @@ def train_step(
     advantages and sequences, one optimizer step (none when every group was dropped; with `sync`,
     this rank's share of it, see `optimize`), and the adapter is the next version. The update and
     the version bump happen under the policy's lock, so no sampling batch sees the new weights
-    under the old version.
+    under the old version. `history` (`needs_history`: truncated importance sampling of stale
+    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's.
     """
-    staleness = staleness_stats(groups, policy.adapters.version, config.rollout.max_staleness)
+    live = policy.adapters.version
+    staleness = staleness_stats(groups, live, config.rollout.max_staleness)
+    if history is not None:
+        # refused before any work, not in the middle of the step
+        history.require({t.adapter_version for g in groups for tr in g.ok for t in tr.turns} - {None, live})
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
+        if history is not None:
+            history.record(policy.model, live)
         train_stats = (
-            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync) if seqs else {"loss": 0.0}
+            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync, history=history)
+            if seqs
+            else {"loss": 0.0}
         )
         policy.adapters.bump()
     return {**seq_stats, **train_stats, **staleness}, seqs
+
+
+def needs_history(config: RunConfig) -> bool:
+    """Truncated importance sampling (`algorithm.tis_cap`) of turns up to `rollout.max_staleness`
+    versions old: the trainer's old logprobs are those under each turn's version (`old_policy`), so a
+    caller of `train_step` keeps an `AdapterHistory` of that many versions and passes it."""
+    return config.algorithm.tis_cap is not None and config.rollout.max_staleness > 0
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
@@ -249,8 +267,13 @@ def optimize(
     opt: OptimConfig,
     *,
     sync: StepSync | None = None,
+    history: AdapterHistory | None = None,
 ) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
+
+    With `history`, tokens sampled by an earlier adapter version than the live one get the
+    trainer's logprobs under that version as truncated importance sampling's old policy
+    (`old_policy.stale_logprobs`, a no-grad forward per stale version in a micro-batch).
 
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
     is inf or NaN is not applied (the adapter and the optimizer state stay as they were): with
@@ -277,8 +300,18 @@ def optimize(
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
         params = [p for p in model.parameters() if p.requires_grad]
         device = model.get_input_embeddings().weight.device
+        live = policy.adapters.version
         for batch, prefix_len in batches:
             batch = batch.to(device)  # the loss reads its old logprobs, advantages and masks there too
+            stale = None
+            if history is not None:  # before the batch's own forward: it swaps the weights in place
+                stale = stale_logprobs(
+                    model,
+                    batch,
+                    live,
+                    history,
+                    lambda b=batch, p=prefix_len: _logprobs(model, b, p, opt.gradient_checkpointing)[0],
+                )
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:
@@ -292,6 +325,7 @@ def optimize(
                 batch.seq_ids,
                 counts=counts,
                 lp_ref=lp_ref,
+                lp_train_old=None if history is None else old_policy_logprobs(lp, stale),
             )
             loss.backward()
             share = float(batch.sampled_mask.sum()) / max(counts.num_tokens, 1)

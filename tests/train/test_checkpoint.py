@@ -17,6 +17,7 @@ from grooves.train.checkpoint import (
     checkpoint_problem,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
 )
 
@@ -153,6 +154,55 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(trainee,
         and "step_000003: adapter" in message
         and "\n" not in message
     )
+
+
+def test_a_damaged_file_the_manifest_leaves_out_is_found_and_the_previous_checkpoint_used(trainee, tmp_path):
+    one, two, three = _three(trainee, tmp_path)
+    manifest = json.loads((three / "manifest.json").read_text())
+    del manifest["files"]["adapter/adapter_model.safetensors"]  # listed nowhere, so never checked...
+    (three / "manifest.json").write_text(json.dumps(manifest))
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)  # ...and damaged
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path, warn=said.append) == two
+    assert said == [
+        f"checkpoint {three} is damaged (adapter/adapter_model.safetensors not listed in manifest.json); "
+        "falling back to step_000002"
+    ]
+    (two / "stray.bin").write_bytes(b"x")
+    (two / "adapter" / "stray.txt").write_text("x")
+    assert checkpoint_problem(two) == "adapter/stray.txt and 1 more not listed in manifest.json"
+
+
+def test_a_checkpoint_that_fails_to_load_falls_back_to_the_one_before(trainee, tmp_path):
+    """Checkpoints of the older format carry no manifest, so only loading finds their damage."""
+    model, optimizer, generator = trainee
+    one, two, three = _three(trainee, tmp_path)
+    for path in (one, two, three):
+        state = json.loads((path / "state.json").read_text())
+        (path / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "format"}))
+        (path / "manifest.json").unlink()
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+
+    def load(path):
+        return load_checkpoint(path, model, optimizer, generator)
+
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path) == three  # nothing to check it against
+    path, state = load_with_fallback(three, load, said.append)
+    assert path == two and (state.step, state.data_position) == (2, 8)
+    assert len(said) == 1 and said[0].startswith(
+        f"{three}: adapter/adapter_model.safetensors cannot be read (SafetensorError: Error while deserializing"
+    )
+    assert said[0].endswith("); falling back to step_000002") and "\n" not in said[0]
+
+    (two / "state.json").write_text("{}")
+    (one / "rng.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as info:
+        load_with_fallback(three, load, said.append)
+    message = str(info.value)
+    assert message.startswith(f"no checkpoint in {tmp_path / 'checkpoints'} can be loaded: {three}: adapter/")
+    assert f"{two}: state.json cannot be read (KeyError: 'step')" in message
+    assert f"{one / 'rng.pt'}: cannot be loaded safely (EOFError)" in message and "\n" not in message
 
 
 @pytest.mark.parametrize(

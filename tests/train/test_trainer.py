@@ -676,6 +676,44 @@ def test_resume_falls_back_from_a_damaged_checkpoint(peaked_model_dir, tmp_path,
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
+def test_resume_falls_back_from_damage_the_manifest_leaves_out_or_a_load_finds(
+    peaked_model_dir, tmp_path, capsys
+):
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "rollout__group_size": 4}
+    run = tmp_path / "run"
+    train(_config(peaked_model_dir, run, **over), stop_after=2)
+    two = run / "checkpoints" / "step_000002"
+    manifest = json.loads((two / "manifest.json").read_text())
+    del manifest["files"]["adapter/adapter_model.safetensors"]
+    (two / "manifest.json").write_text(json.dumps(manifest))
+    (two / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    capsys.readouterr()
+    resumed = _rows(train(_config(peaked_model_dir, run, **over), resume=True))
+    said = capsys.readouterr()
+    assert [line for line in said.err.splitlines() if "step_000002" in line] == [
+        f"checkpoint {two} is damaged (adapter/adapter_model.safetensors not listed in manifest.json); "
+        "falling back to step_000001"
+    ]
+    assert f"resuming {run} from step 1 " in said.out
+    assert [r["step"] for r in resumed if "loss" in r] == [1, 2, 3]
+
+    # a checkpoint of the older format has no manifest: its damage shows only when it is loaded
+    three = run / "checkpoints" / "step_000003"
+    state = json.loads((three / "state.json").read_text())
+    (three / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "format"}))
+    (three / "manifest.json").unlink()
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    resumed = _rows(train(_config(peaked_model_dir, run, **over), resume=True))
+    said = capsys.readouterr()
+    lines = [line for line in said.err.splitlines() if "step_000003" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{three}: adapter/adapter_model.safetensors cannot be read (SafetensorError: "
+    )
+    assert lines[0].endswith("; falling back to step_000002")
+    assert f"resuming {run} from step 2 " in said.out
+    assert [r["step"] for r in resumed if "loss" in r] == [1, 2, 3]
+
+
 def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_path):
     """SIGINT to `grooves train`: exit 130, no crash, one line with the step and the --resume command."""
     out = tmp_path / "run"

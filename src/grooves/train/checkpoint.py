@@ -8,9 +8,11 @@ mid-write leaves the previous checkpoint intact, never a half-written one.
 
 What can still go wrong is the disk: a file truncated or changed after it was written (a full
 disk, a copy cut short, a bad sector). So the last file written is `manifest.json`, the size and
-sha256 of every other file, and a checkpoint is used only if every file matches it. Resuming
-takes the newest intact checkpoint; each newer one that fails the check is named on one line
-with what is wrong, and skipped.
+sha256 of every other file, and a checkpoint is used only if every file in it is listed there and
+matches. Resuming takes the newest intact checkpoint; each newer one that fails the check is named
+on one line with what is wrong, and skipped. A checkpoint that passes but still cannot be loaded
+(one of the older format below, which has no manifest) is named the same way, and the one before
+it is loaded instead (`load_with_fallback`).
 
 Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
 metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
@@ -26,13 +28,16 @@ are used unverified because they carry no checksums.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +49,7 @@ CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
 """`format` in state.json: 2 = RNG states as tensors, manifest.json with checksums; absent = older."""
 MANIFEST = "manifest.json"
+T = TypeVar("T")
 
 
 class CheckpointError(RuntimeError):
@@ -188,17 +194,25 @@ def checkpoint_problem(path: Path) -> str | None:
         )  # older checkpoints carry no checksums
     try:
         files = json.loads(manifest_path.read_text())["files"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        listed = {name: (int(e["bytes"]), str(e["sha256"])) for name, e in files.items()}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return "manifest.json is not readable"
-    for name, expected in files.items():
+    for name, (size_listed, sha_listed) in listed.items():
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
         size = file.stat().st_size
-        if size != expected["bytes"]:
-            return f"{name} has {size} bytes, the manifest says {expected['bytes']}"
-        if _sha256(file) != expected["sha256"]:
+        if size != size_listed:
+            return f"{name} has {size} bytes, the manifest says {size_listed}"
+        if _sha256(file) != sha_listed:
             return f"{name} does not match its sha256 in the manifest"
+    # a file the manifest leaves out was never checked: it may be the damaged one
+    unlisted = [
+        p.relative_to(path).as_posix() for p in _files(path) if p.relative_to(path).as_posix() not in listed
+    ]
+    if unlisted:
+        more = f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else ""
+        return f"{unlisted[0]}{more} not listed in manifest.json"
     return None
 
 
@@ -251,13 +265,9 @@ def _prune(folder: Path, keep: int, scores: dict[int, float] | None = None, mode
             shutil.rmtree(path)
 
 
-def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
-    """The newest intact checkpoint of a run, or None. Each newer one that fails `checkpoint_problem`
-    is skipped and reported to `warn` (one line naming it, what is wrong and what is used instead)."""
-    folder = run_dir / "checkpoints"
-    if not folder.is_dir():
-        return None
-    found = sorted(
+def _checkpoints(folder: Path) -> list[Path]:
+    """The finished checkpoint folders in `folder`, newest first."""
+    return sorted(
         (
             p
             for p in folder.iterdir()
@@ -265,6 +275,15 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
         ),
         reverse=True,
     )
+
+
+def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
+    """The newest intact checkpoint of a run, or None. Each newer one that fails `checkpoint_problem`
+    is skipped and reported to `warn` (one line naming it, what is wrong and what is used instead)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return None
+    found = _checkpoints(folder)
     skipped: list[tuple[Path, str]] = []
     for path in found:
         problem = checkpoint_problem(path)
@@ -280,14 +299,44 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
     return None
 
 
+def load_with_fallback(first: Path, load: Callable[[Path], T], warn=None) -> tuple[Path, T]:
+    """`load(first)`; when that raises CheckpointError, the next older intact checkpoint beside it,
+    and so on. Each one that cannot be loaded is reported to `warn` on one line naming it, why, and
+    what is used instead; when none loads, one CheckpointError names them all. `load` must set
+    everything it touches (as `load_checkpoint` does), so a failed attempt leaves nothing behind."""
+    older = [p for p in _checkpoints(first.parent) if p.name < first.name]
+    failed: list[str] = []
+    for path in [first, *older]:
+        problem = checkpoint_problem(path) if path is not first else None
+        if problem is not None:
+            failed.append(f"checkpoint {path} is damaged ({problem})")
+            continue
+        try:
+            loaded = load(path)
+        except CheckpointError as exc:
+            failed.append(str(exc))
+            continue
+        for why in failed:
+            if warn is not None:
+                warn(f"{why}; falling back to {path.name}")
+        return path, loaded
+    raise CheckpointError(
+        f"no checkpoint in {first.parent} can be loaded: {'; '.join(failed)}; start again with --overwrite"
+    )
+
+
 def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainState:
+    """Set the adapter, optimizer and RNG states from the checkpoint at `path`. A file that cannot
+    be read (damage no manifest covered, as in checkpoints of the older format) is a one-line
+    CheckpointError naming it."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     base = _base_path(model)
     if base is not None:
         check_adapter_base(path / "adapter", base)  # logs a warning if the base's weights changed
-    adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    with _reading(path, "adapter/adapter_model.safetensors"):
+        adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     try:
         result = set_peft_model_state_dict(model, adapter, adapter_name="default")
     except RuntimeError as exc:  # shapes differ: another lora.rank or base model
@@ -307,13 +356,30 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
             f"{path}: the adapter's layers are not this run's (lora.target_modules or model.base_model changed?): "
             f"{len(missing)} missing, {len(unexpected)} unexpected, e.g. {(missing + unexpected)[0]}"
         )
+    with _reading(path, "optimizer.pt"):
+        saved = _load_tensors(path / "optimizer.pt")
     try:
-        optimizer.load_state_dict(_load_tensors(path / "optimizer.pt"))
+        optimizer.load_state_dict(saved)
     except ValueError as exc:
         raise CheckpointError(f"{path}: optimizer.pt does not fit this run's adapter: {exc}") from None
-    info = json.loads((path / "state.json").read_text())
-    set_rng_states(_load_tensors(path / "rng.pt", legacy_numpy=not info.get("format")), policy_generator)
-    return TrainState(step=info["step"], data_position=info["data_position"])
+    with _reading(path, "state.json"):
+        info = json.loads((path / "state.json").read_text())
+        state = TrainState(step=int(info["step"]), data_position=int(info["data_position"]))
+    with _reading(path, "rng.pt"):
+        set_rng_states(_load_tensors(path / "rng.pt", legacy_numpy=not info.get("format")), policy_generator)
+    return state
+
+
+@contextlib.contextmanager
+def _reading(path: Path, name: str):
+    """Turn a failure to read or use the checkpoint's file `name` into a one-line CheckpointError."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, KeyError, TypeError, IndexError, SafetensorError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(f"{path}: {name} cannot be read ({type(exc).__name__}: {first})") from None
 
 
 def _load_tensors(file: Path, legacy_numpy: bool = False):

@@ -60,6 +60,7 @@ from grooves.train.checkpoint import (
     TrainState,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
@@ -181,7 +182,11 @@ async def run(
         # continue the checkpoint, or start afresh; the folder changes only now
         state = TrainState(step=0, data_position=0)
         if checkpoint is not None:
-            state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+            checkpoint, state = load_with_fallback(  # a checkpoint that fails to load: the one before it
+                checkpoint,
+                lambda path: load_checkpoint(path, policy.model, optimizer, policy.generator),
+                _say if dp.main else None,
+            )
             stream.position = state.data_position
             policy.adapters.version = state.step
             if pins is not None:

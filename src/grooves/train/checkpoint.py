@@ -4,7 +4,9 @@ A checkpoint is a folder `checkpoints/step_000012/` holding the adapter (peft fo
 `grooves serve --adapter`, with `base_model.json`: the base's Hub id, path and weights sha256,
 checked again on resume), the optimizer state, every RNG state, the data position and the
 resolved config. It is written to a temporary folder and renamed into place, so a run killed
-mid-write leaves the previous checkpoint intact, never a half-written one.
+mid-write leaves the previous checkpoint intact, never a half-written one. A write that fails
+removes its temporary folder; when the disk is full, that is one line (a CheckpointError) naming
+the checkpoint, the space it needs and the space free.
 
 What can still go wrong is the disk: a file truncated or changed after it was written (a full
 disk, a copy cut short, a bad sector). So the last file written is `manifest.json`, the size and
@@ -29,6 +31,7 @@ are used unverified because they carry no checksums.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -88,6 +91,25 @@ def save_checkpoint(
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, state, model, optimizer, policy_generator, config_toml, extra)
+    except Exception as exc:  # nothing half-written stays (a resume never picks a .tmp folder anyway)
+        shutil.rmtree(tmp, ignore_errors=True)
+        needed = _bytes_needed(final.parent, model, optimizer, policy_generator, extra)
+        free = shutil.disk_usage(next(p for p in final.parents if p.exists())).free
+        if not _disk_full(exc, free, needed):
+            raise
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: the disk is full (it needs about {_size(needed)}, "
+            f"{_size(free)} are free); free some space, then continue with --resume"
+        ) from None
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
+    return final
+
+
+def _write(tmp: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, extra) -> None:
     tmp.mkdir(parents=True)
     # the training adapter only: adapters served beside it (pinned versions, extra names) are not the run's
     model.save_pretrained(tmp / "adapter", selected_adapters=["default"])
@@ -103,10 +125,53 @@ def save_checkpoint(
     )
     (tmp / "config.toml").write_text(config_toml)
     _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
-    return final
+
+
+def _disk_full(exc: Exception, free: int, needed: int) -> bool:
+    """Whether a failed write ran out of disk. Each writer says so its own way: Python's file
+    writes raise OSError(ENOSPC), safetensors' own writer an error quoting "os error 28", and
+    torch.save a RuntimeError about the zip file's position; so, besides those words, a failed
+    write with less room free than the checkpoint needs counts as a full disk too."""
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "os error 28" in text or "No space left on device" in text or free < needed
+
+
+def _bytes_needed(folder: Path, model, optimizer, policy_generator, extra: dict[str, Path] | None) -> int:
+    """About how many bytes the checkpoint takes: as much as the newest one in `folder` did, or, for
+    the first, its tensors and copied folders and 32 KiB for the small files beside them."""
+    older = _checkpoints(folder) if folder.is_dir() else []
+    if older:
+        return sum(p.stat().st_size for p in older[0].rglob("*") if p.is_file())
+
+    def tensor_bytes(values) -> int:
+        return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+    from peft import get_peft_model_state_dict
+
+    adapter = tensor_bytes(get_peft_model_state_dict(model, adapter_name="default").values())
+    moments = sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+    rng = tensor_bytes(rng_states(policy_generator).values())
+    copied = sum(
+        p.stat().st_size for folder in (extra or {}).values() for p in Path(folder).rglob("*") if p.is_file()
+    )
+    return adapter + moments + rng + copied + 32 * 1024
+
+
+def _size(n: float) -> str:
+    """A byte count for people.
+
+    >>> _size(512), _size(3 * 2**20 + 1), _size(5 * 2**40)
+    ('512 bytes', '3.0 MiB', '5.0 TiB')
+    """
+    if n < 1024:
+        return f"{int(n)} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
 
 
 def _base_path(model) -> str | None:

@@ -24,6 +24,7 @@ Metric keys written per step (metrics.jsonl):
   policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
   token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
+  exploding_skipped (1 when its update would have multiplied the adapter weights' norm by more than 10x),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
   and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add

@@ -40,6 +40,7 @@ from grooves.train.checkpoint import (
     checkpoint_problem,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
@@ -130,8 +131,8 @@ class HostedModel:
         config = load_config(run_dir / "config.toml", {"output_dir": str(run_dir)})
         model = cls.build(meta["tenant"], meta["name"], config, base, run_dir)
         checkpoint = latest_checkpoint(run_dir, warn=warn)
-        if checkpoint is not None:
-            model._load(checkpoint)
+        if checkpoint is not None:  # one that fails to load: the one before it, named to `warn`
+            load_with_fallback(checkpoint, model._load, warn)
         else:  # stopped before its step-0 checkpoint was complete: the start again, from the seed
             model._checkpoint()
         return model

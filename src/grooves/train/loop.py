@@ -24,6 +24,7 @@ Metric keys written per step (metrics.jsonl):
   policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
   token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
+  exploding_skipped (1 when its update would have multiplied the adapter weights' norm by more than 10x),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
   and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add
@@ -60,6 +61,7 @@ from grooves.train.checkpoint import (
     TrainState,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
@@ -183,7 +185,11 @@ async def run(
         # continue the checkpoint, or start afresh; the folder changes only now
         state = TrainState(step=0, data_position=0)
         if checkpoint is not None:
-            state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+            checkpoint, state = load_with_fallback(  # a checkpoint that fails to load: the one before it
+                checkpoint,
+                lambda path: load_checkpoint(path, policy.model, optimizer, policy.generator),
+                _say if dp.main else None,
+            )
             stream.position = state.data_position
             policy.adapters.version = state.step
             if pins is not None:

@@ -233,7 +233,8 @@ def _logprobs(model, batch: TrainBatch, prefix_len: int, checkpointing: bool = F
 
 
 class NonFiniteStep(RuntimeError):
-    """A step's loss or gradient norm was not finite and `optim.on_nonfinite` is "stop"."""
+    """A step's loss or gradient norm was not finite, or its update blew up the weights
+    (`MAX_WEIGHT_GROWTH`), and `optim.on_nonfinite` is "stop"."""
 
 
 _SUMMED_STATS = ("loss", "policy_loss", "kl_loss", "num_tokens")
@@ -278,7 +279,8 @@ def optimize(
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
     is inf or NaN is not applied (the adapter and the optimizer state stay as they were): with
     `optim.on_nonfinite = "skip"` one line says so and the stats carry `nonfinite_skipped = 1`; with
-    "stop" `NonFiniteStep` is raised.
+    "stop" `NonFiniteStep` is raised. An update that would blow the weights up (`guarded_step`) is
+    undone and reported the same way, with `exploding_skipped = 1`.
 
     With `sync`, this rank runs the loss and backward of its share (`sync.shard(seqs)`) and the
     ranks sum their gradients before clipping: every token's loss is divided by the whole step's
@@ -340,13 +342,57 @@ def optimize(
             totals = combine_stats(sync.gather(totals))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
         finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
+        growth = guarded_step(optimizer, params) if finite else 1.0
     totals["grad_norm"] = grad_norm
     totals["nonfinite_skipped"] = 0.0 if finite else 1.0
+    totals["exploding_skipped"] = 0.0 if growth <= MAX_WEIGHT_GROWTH else 1.0
     if not finite:
         _nonfinite_step(policy.adapters.version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
+    elif growth > MAX_WEIGHT_GROWTH:
+        lr = optimizer.param_groups[0]["lr"]
+        _exploding_step(policy.adapters.version + 1, growth, lr, opt.on_nonfinite)
     return totals
+
+
+MAX_WEIGHT_GROWTH = 10.0
+"""An update that multiplies the trained weights' norm by more than this is not applied. With AdamW
+each weight moves by about lr a step; on SmolLM2-135M with the default LoRA (rank 8, all seven
+projections) one step from a fresh adapter multiplies its norm by 1.0000 at lr 2e-4, 4.8 at 0.1
+and 47 at 1. Past the bound the weights are on their way to inf, and every rollout after fails."""
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> float:
+    """`optimizer.step()`, undone (the weights and the optimizer state as they were) when it
+    multiplies the weights' norm by more than `MAX_WEIGHT_GROWTH` or leaves it non-finite. Returns
+    the factor (inf when not finite). Costs a copy of the weights and their optimizer state, which
+    for a LoRA adapter is a few times the adapter's size."""
+    with torch.no_grad():
+        before = _norm(params)
+        weights = [p.detach().clone() for p in params]
+        state = {p: _copy_state(optimizer.state[p]) for p in params if p in optimizer.state}
+        optimizer.step()
+        after = _norm(params)
+        growth = after / before if before > 0 else (1.0 if math.isfinite(after) else math.inf)
+        if growth <= MAX_WEIGHT_GROWTH:
+            return growth
+        for p, w in zip(params, weights, strict=True):
+            p.copy_(w)
+            if p in state:
+                optimizer.state[p] = state[p]
+            else:
+                optimizer.state.pop(p, None)
+    return growth
+
+
+def _norm(params: Sequence[torch.nn.Parameter]) -> float:
+    """The global L2 norm of `params` (as `clip_grad_norm_` takes the gradients'), in float32."""
+    if not params:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.float()) for p in params])))
+
+
+def _copy_state(state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _accumulate(totals: dict[str, float], stats: dict[str, float], share: float) -> None:
@@ -368,6 +414,19 @@ def combine_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
         for k, v in part.items():
             out[k] = max(out.get(k, v), v) if k in _MAX_STATS else out.get(k, 0.0) + v
     return out
+
+
+def _exploding_step(step: int, growth: float, lr: float, mode: str) -> None:
+    """One line for a step whose update would have blown up the weights; raises for "stop"."""
+    what = (
+        f"step {step}: its update multiplied the adapter weights' norm by {growth:.3g} "
+        f"(more than {MAX_WEIGHT_GROWTH:g}x in one step, at lr {lr:g}); it was not applied"
+    )
+    if mode == "stop":
+        raise NonFiniteStep(
+            f'{what} and the run stops (optim.on_nonfinite = "stop"); lower optim.lr, then --resume'
+        )
+    print(f'{what}; skipped (optim.on_nonfinite = "skip"; lower optim.lr if it happens again)', flush=True)
 
 
 def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None:

@@ -8,6 +8,7 @@ are imported only inside the command.
 from __future__ import annotations
 
 import os
+import signal
 
 import typer
 from rich.console import Console
@@ -233,8 +234,16 @@ def _serve_training(
         f"({len(service.models)} trainable models restored from {train_dir})",
         highlight=False,
     )
+    # uvicorn stops on SIGTERM as on SIGINT, then raises the signal again under the handler it found:
+    # the default one ends the process at once, so this one turns it into an exit that runs `finally`
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         serve(app, host=host, port=port)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         app.state.scheduler.close()
         service.close()
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -18,6 +18,7 @@ from grooves.cli import app
 from grooves.core.trajectory import write_jsonl
 from grooves.jsonl import read_jsonl
 from grooves.report.html import choose_sample_steps, report_page
+from grooves.report.plots import key_groups
 from grooves.report.rundir import load_run, rewatch
 from grooves.watch import Finding, Watch, WatchConfig
 
@@ -114,6 +115,22 @@ def test_a_run_with_only_metrics_still_reports(tmp_path):
     page = report_page(run, [], [])
     assert "The watch raised no findings" in page and "The run kept no samples" in page
     assert "no config.toml" in page and page.count("data:image/png;base64,") == 2
+
+
+def test_reward_signals_past_the_bound_are_left_out_and_counted(tmp_path):
+    """300 signal names: the first 12 by name are drawn, and the heading says 288 were left out
+    (drawing every one took 81 s when a training service stopped)."""
+    names = [f"reward/signal_{i:03d}_mean" for i in range(300)]
+    rows = [{"step": s, "reward_mean": 0.5, **{k: i / 300 for i, k in enumerate(names)}} for s in (1, 2, 3)]
+    (title, keys, _, _), *rest = key_groups(rows, [])
+    assert keys == ["reward_mean", *names[:12]]
+    assert title == (
+        "Rewards (trained reward and 12 of 300 signals, the first by name; 288 left out, all in metrics.jsonl)"
+    )
+    assert not [k for _, section, _, _ in rest for k in section if k.startswith("reward")]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = report_page(load_run(tmp_path), [], [], sample_steps=0, picks=(0, 0, 0), links_from=tmp_path)
+    assert html.escape(title) in page
 
 
 def test_choose_sample_steps():

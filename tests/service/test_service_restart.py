@@ -1,6 +1,7 @@
 """`grooves serve --train` as a process: killed with SIGKILL and started again, its models come back at
 their last checkpoint and a loop's next step continues exactly; a step whose connection is cut after
-the service applied it is answered, not applied again, when the client retries it."""
+the service applied it is answered, not applied again, when the client retries it; stopped with
+SIGTERM, it writes each model's report as it does on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -127,3 +128,22 @@ def test_a_killed_service_comes_back_at_its_last_checkpoint_and_continues_exactl
     a, b = load_file(str(run_dir / adapter)), load_file(str(ref_dir / adapter))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     assert [r["step"] for r in rows(run_dir / "usage.jsonl")] == [1, 2, 3, 4]
+
+
+def test_sigterm_stops_the_service_after_writing_each_models_report(tiny_model_dir, tmp_path):
+    root, port = tmp_path / "svc", _free_port()
+
+    async def one_step():
+        model = await TrainableModel.create(f"http://127.0.0.1:{port}", "toy", toy_config(tiny_model_dir))
+        await model.train(await model.gather(TASK.rollout, SCENARIOS))
+        await model.close()
+
+    with (tmp_path / "service.log").open("w") as log:
+        proc = _start(tiny_model_dir, root, port, log)
+        try:
+            asyncio.run(one_step())
+        finally:
+            proc.send_signal(signal.SIGTERM)  # what systemd, docker stop and kubernetes send
+            code = proc.wait(timeout=120)
+    assert code == 128 + signal.SIGTERM  # an exit, not a death by the signal (-15)
+    assert (root / "default" / "toy" / "report.html").is_file()

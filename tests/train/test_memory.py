@@ -1,16 +1,28 @@
 """Memory for larger bases: gradient checkpointing (same gradient), bf16 training with a float32
-adapter, and `optim.micro_batch_tokens` chosen from the free memory when unset."""
+adapter, `optim.micro_batch_tokens` chosen from the free memory when unset, and attention's T x T
+memory counted when micro-batches are filled."""
 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 
 import pytest
 import torch
 
 from grooves.config import parse_config
+from grooves.config.optim import OptimConfig
+from grooves.core.batching import longest_row, micro_batches
+from grooves.core.forward import token_logprobs
+from grooves.core.tokenize import TrainSequence
 from grooves.train.loop import train
-from grooves.train.memory import auto_micro_batch_tokens, bytes_per_token, tokens_for
+from grooves.train.memory import (
+    auto_micro_batch_tokens,
+    bytes_per_pair,
+    bytes_per_token,
+    pair_tokens,
+    tokens_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +131,72 @@ def test_an_unset_micro_batch_is_chosen_once_and_written_down(peaked_model_dir, 
     assert chosen == 65536  # a tiny model: the cap, whatever this machine has free
     assert f"micro_batch_tokens = {chosen}" in (run_dir / "config.toml").read_text()
     assert f"optim.micro_batch_tokens = {chosen}, from the free memory of cpu" in capsys.readouterr().err
+
+
+TINY_TOKEN_BYTES = 2 * (10 * 32 + 4 * 64) * 4 + 487 * (2 * 4 + 4)
+"""The tiny Llama's bytes per token (2 layers, 32 wide, MLP 64, vocabulary 487, float32): 10452."""
+
+
+def _seq(n: int, group: int = 0) -> TrainSequence:
+    return TrainSequence([5] * n, [False] + [True] * (n - 1), [0.0] * n, 1.0, group, 1)
+
+
+def test_attention_is_counted_per_pair_of_a_rows_positions(tiny_model_dir):
+    """The estimate adds 16 bytes per pair of a row's positions (sdpa's mask), and micro-batches
+    hold rows whose tokens plus pairs fit the budget: hand-computed for the tiny Llama."""
+    from grooves.policy.transformers import TransformersPolicy
+
+    policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
+    assert TINY_TOKEN_BYTES == 10452
+    # sdpa: the mask alone; eager: + (2 layers + 1) x 4 heads x 4 bytes of probabilities and scores
+    assert bytes_per_pair(layers=2, heads=4, dtype_bytes=4, checkpointing=False, attention="sdpa") == 16
+    assert bytes_per_pair(layers=2, heads=4, dtype_bytes=4, checkpointing=False, attention="eager") == 64
+    assert bytes_per_pair(layers=2, heads=4, dtype_bytes=4, checkpointing=True, attention="eager") == 48
+    pairs = pair_tokens(policy.model, checkpointing=False)
+    assert pairs == Fraction(16, 10452)
+    # the widest row of 65536 tokens' budget: 6224 + 6224^2 x 16 / 10452 = 65524.7 <= 65536 < 65544.8 (6225)
+    assert longest_row(65536, pairs) == 6224
+    opt = OptimConfig(micro_batch_tokens=65536)
+    seqs = [_seq(3000, g) for g in range(3)]
+    # counted as tokens alone, the three share one packed row of 9000: 9000^2 x 16 = 1.3 GB of mask
+    assert [b.input_ids.shape for b, _ in micro_batches(seqs, opt, 0)] == [(1, 9000)]
+    packed = micro_batches(seqs, opt, 0, pair_cost=pairs)
+    assert [b.input_ids.shape for b, _ in packed] == [(1, 6000), (1, 3000)]
+    padding = opt.model_copy(update={"packing": False})
+    four = [_seq(3000, g) for g in range(4)]
+    assert [b.input_ids.shape for b, _ in micro_batches(four, padding, 0)] == [(4, 3000)]
+    # a padded row of 3000 costs 3000 + 3000^2 x 16 / 10452 = 16777 tokens: 3 fit in 65536
+    padded = micro_batches(four, padding, 0, pair_cost=pairs)
+    assert [b.input_ids.shape for b, _ in padded] == [(3, 3000), (1, 3000)]
+    for batch, _ in packed + padded:
+        rows, width = batch.input_ids.shape
+        assert rows * (width * TINY_TOKEN_BYTES + width**2 * 16) <= 65536 * TINY_TOKEN_BYTES
+
+
+def test_the_estimate_bounds_what_autograd_keeps_for_a_packed_row(tiny_model_dir):
+    """What a packed row of 4096 tokens keeps for its backward (distinct storages) is more than the
+    per-token estimate alone, and within it once the pairs are counted."""
+    from grooves.core.tokenize import pack_batches
+    from tiny_models import lora_policy
+
+    model = lora_policy(tiny_model_dir).model
+    (batch,) = pack_batches([_seq(2048), _seq(2048)], 4096)
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = token_logprobs(model, batch)
+    lp.sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    saved = sum(kept.values())
+    shape = {"layers": 2, "dtype_bytes": 4, "checkpointing": False}
+    tokens = 4096 * bytes_per_token(hidden=32, intermediate=64, vocab=487, **shape)  # 42.8 MB
+    pairs = 4096**2 * bytes_per_pair(heads=4, attention="sdpa", **shape)  # 268 MB
+    assert saved > tokens, (saved, tokens)  # the [1, 1, 4096, 4096] float32 mask alone is 67 MB
+    assert saved <= tokens + pairs, saved

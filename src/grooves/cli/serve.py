@@ -8,11 +8,13 @@ are imported only inside the command.
 from __future__ import annotations
 
 import os
+import signal
 
 import typer
 from rich.console import Console
 
 from grooves.models import DEFAULT_MODEL, ModelError
+from grooves.service.validate import MAX_SEQUENCE_TOKENS, MAX_STEP_TOKENS, MAX_STEP_TRAJECTORIES, StepLimits
 
 console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
 err = Console(stderr=True, soft_wrap=True)
@@ -89,6 +91,25 @@ def serve_command(
         "--api-keys",
         help='A TOML file of tenants and their keys ([keys] alice = "..."): each key sees and trains only its own models.',
     ),
+    max_step_tokens: int = typer.Option(
+        MAX_STEP_TOKENS,
+        "--max-step-tokens",
+        min=1,
+        help="With --train: most prompt and sampled token ids one training step may carry (413 past it).",
+    ),
+    max_step_trajectories: int = typer.Option(
+        MAX_STEP_TRAJECTORIES,
+        "--max-step-trajectories",
+        min=1,
+        help="With --train: most trajectories one training step may hold (413 past it).",
+    ),
+    max_sequence_tokens: int = typer.Option(
+        MAX_SEQUENCE_TOKENS,
+        "--max-sequence-tokens",
+        min=1,
+        help="With --train: most tokens in one turn's prompt plus completion (400 past it; the model's "
+        "context and one micro-batch's memory bound it too).",
+    ),
 ) -> None:
     """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
     from grooves.adapters.admin import mount_admin
@@ -126,6 +147,7 @@ def serve_command(
     limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
     limits = {k: v for k, v in limits.items() if v is not None}
     if train:
+        limits["limits"] = StepLimits(max_step_tokens, max_step_trajectories, max_sequence_tokens)
         _serve_training(
             model,
             host,
@@ -212,8 +234,16 @@ def _serve_training(
         f"({len(service.models)} trainable models restored from {train_dir})",
         highlight=False,
     )
+    # uvicorn stops on SIGTERM as on SIGINT, then raises the signal again under the handler it found:
+    # the default one ends the process at once, so this one turns it into an exit that runs `finally`
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         serve(app, host=host, port=port)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         app.state.scheduler.close()
         service.close()
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -7,20 +7,46 @@ sampled them and the temperature. Messages, tools, scenarios and metadata stay o
 machine: a scenario's data reaches the service only as the token ids of what the user put in a
 message.
 
-These shapes say what each field may hold (a bad one is a 400 naming it); the service checks a
-step's groups against its model besides (`grooves.service.validate`: token ids within the
-vocabulary, one logprob per sampled token, adapter versions). `to_records` and `to_groups` are the
+These shapes say what each field may hold (a bad one is a 400 naming it): numbers are JSON numbers
+(`"1"` and `true` are refused, as the chat endpoint refuses them), finite, and rewards, signals
+and metrics at most `MAX_MAGNITUDE` in size; a turn's temperature is 0 (greedy) or at least
+`MIN_TEMPERATURE`. The service checks a step's groups against its model besides
+(`grooves.service.validate`: token ids within the vocabulary, one logprob per sampled token,
+adapter versions, the service's limits on a step). `to_records` and `to_groups` are the
 two directions; a `TrajectoryGroup` that makes the round trip trains exactly as before it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+
+MAX_MAGNITUDE = 1e15
+"""The largest size of a reward, a reward signal or a metric: a step's means and spreads of them
+stay finite in float64, and the advantages made from them in float32 (a reward of 1e308
+overflowed the step's statistics)."""
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature other than 0 (greedy) a turn may report: the sampler samples any
+smaller one at this (`policy.sampling`), and the trainer divides the logits by it in float32,
+where 1e-300 is 0."""
+
+StrictFloat = Annotated[float, Field(strict=True)]
+"""A JSON number: `"1"` and `true` are refused instead of read as 1."""
+Number = Annotated[float, Field(strict=True, ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+"""A reward, signal or metric: a JSON number of size at most `MAX_MAGNITUDE`."""
+
+
+def _temperature(value: float) -> float:
+    if 0 < value < MIN_TEMPERATURE:
+        raise ValueError(
+            f"{value} is below {MIN_TEMPERATURE}, the smallest temperature besides 0 (greedy) a turn may "
+            "report; sample at 0 or at least that"
+        )
+    return value
 
 
 class _Wire(BaseModel):
@@ -33,17 +59,17 @@ class TurnRecord(_Wire):
 
     prompt_token_ids: list[StrictInt] = Field(min_length=1)
     token_ids: list[StrictInt] = Field(min_length=1)
-    logprobs: list[float]
+    logprobs: list[StrictFloat]
     """The sampling logprob of each of `token_ids`."""
     adapter_version: StrictInt = Field(ge=0)
     """The version of the model's adapter that sampled the turn (each chat completion reports it)."""
-    temperature: float = Field(1.0, ge=0, le=2)
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2), AfterValidator(_temperature)] = 1.0
 
 
 class TrajectoryRecord(_Wire):
-    reward: float = 0.0
-    rewards: dict[str, float] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    reward: Number = 0.0
+    rewards: dict[str, Number] = Field(default_factory=dict)
+    metrics: dict[str, Number] = Field(default_factory=dict)
     turns: list[TurnRecord] = Field(default_factory=list)
     error: str | None = None
     """Set for a rollout that failed: it counts in the step's metrics and is not trained on."""

@@ -69,6 +69,8 @@ class OptimConfig(AdamWConfig):
 
     micro_batch_tokens: int | None = Field(None, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
+    A row's attention memory grows with its length squared and is counted as tokens too
+    (`train.memory.pair_tokens`), so a micro-batch holds fewer long rows than short ones.
     Unset: chosen at the start of the run from the device's free memory and the model's size
     (`train.memory.auto_micro_batch_tokens`; the choice is printed and logged as
     `micro_batch_tokens`). Set it where two runs must split their steps alike: the free memory

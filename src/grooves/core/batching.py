@@ -1,7 +1,10 @@
 """A step's training sequences as micro-batches: the group's shared prompt once, the rest packed or padded.
 
 One optimizer step accumulates the gradients of several forward/backward passes, each of at most
-about `optim.micro_batch_tokens` tokens (memory bounds it). How sequences are laid out in them:
+about `optim.micro_batch_tokens` tokens (memory bounds it). A row's attention costs memory per
+pair of its positions besides per token (`train.memory`): with `pair_cost` (tokens per pair) a
+row of width T counts T + pair_cost T^2 tokens, so a micro-batch holds fewer long rows, and no
+row is wider than `longest_row`. How sequences are laid out in them:
 
 - `share_prefix`: the rollouts of one group start with the same prompt, so a group goes into its
   own padded micro-batches whose common prefix `forward.shared_prefix_logprobs` computes once;
@@ -11,7 +14,9 @@ about `optim.micro_batch_tokens` tokens (memory bounds it). How sequences are la
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from grooves.config import AdamWConfig
 from grooves.core.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch
@@ -39,17 +44,44 @@ def common_prefix(seqs: Sequence[TrainSequence]) -> int:
     return n
 
 
-def micro_batches(seqs: list[TrainSequence], opt: AdamWConfig, pad: int) -> list[tuple[TrainBatch, int]]:
-    """(batch, shared prefix length or 0) pairs of at most ~`micro_batch_tokens` tokens each.
+def row_cost(width: int, pair_cost: Fraction | float) -> Fraction | float:
+    """The tokens of micro-batch budget one row of `width` positions costs: width + pair_cost width^2."""
+    return width + pair_cost * width * width
+
+
+def longest_row(budget: int, pair_cost: Fraction | float) -> int:
+    """The widest row whose `row_cost` fits `budget` tokens (at least 1): `budget` without a pair cost.
+
+    >>> longest_row(65536, 0), longest_row(65536, Fraction(16, 10452)), longest_row(100, Fraction(1, 10))
+    (65536, 6224, 27)
+    """
+    if pair_cost <= 0:
+        return budget
+    width = int((math.sqrt(1 + 4 * float(pair_cost) * budget) - 1) / (2 * float(pair_cost)))
+    while width > 1 and row_cost(width, pair_cost) > budget:  # the float root, made exact
+        width -= 1
+    while row_cost(width + 1, pair_cost) <= budget:
+        width += 1
+    return max(width, 1)
+
+
+def micro_batches(
+    seqs: list[TrainSequence], opt: AdamWConfig, pad: int, *, pair_cost: Fraction | float = 0
+) -> list[tuple[TrainBatch, int]]:
+    """(batch, shared prefix length or 0) pairs of at most ~`micro_batch_tokens` tokens each,
+    counting each row's attention as `pair_cost` tokens per pair of its positions.
 
     With `share_prefix`, each group's sequences go together so their prompt is computed once;
-    sequences without a worthwhile common prefix are packed (or padded) as usual.
+    sequences without a worthwhile common prefix are packed (or padded) as usual. A sequence wider
+    than `longest_row` gets a micro-batch of its own (cutting it would drop sampled tokens).
     """
     if opt.micro_batch_tokens is None:
         raise ValueError(
             "optim.micro_batch_tokens is unset; set it, or resolve it from the free memory first "
             "(train.memory.auto_micro_batch_tokens, as the trainer does)"
         )
+    budget = opt.micro_batch_tokens
+    row = longest_row(budget, pair_cost)  # a packed row's widest, its attention counted
     out: list[tuple[TrainBatch, int]] = []
     rest: list[TrainSequence] = []
     if opt.share_prefix:
@@ -62,15 +94,15 @@ def micro_batches(seqs: list[TrainSequence], opt: AdamWConfig, pad: int) -> list
                 rest.extend(members)
                 continue
             suffix = max(len(s) for s in members) - prefix
-            per = max(1, (opt.micro_batch_tokens - prefix) // max(suffix, 1))
+            per = max(1, (row - prefix) // max(suffix, 1))  # they run as one packed row of prefix + suffixes
             for i in range(0, len(members), per):
                 out.append((pad_batch(members[i : i + per], pad_token_id=pad), prefix))
     else:
         rest = list(seqs)
     if rest and opt.packing:
-        out.extend((b, 0) for b in pack_batches(rest, opt.micro_batch_tokens, pad_token_id=pad))
+        out.extend((b, 0) for b in pack_batches(rest, row, pad_token_id=pad))
     elif rest:
         width = max(len(s) for s in rest)
-        per = max(1, opt.micro_batch_tokens // width)
+        per = max(1, int(budget // row_cost(width, pair_cost)))
         out.extend((pad_batch(rest[i : i + per], pad_token_id=pad), 0) for i in range(0, len(rest), per))
     return out

@@ -20,6 +20,9 @@ from matplotlib.figure import Figure
 from grooves.watch.finding import Finding
 
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#90a4ae"}
+MAX_SIGNAL_PANELS = 12
+"""Reward signals drawn, the first by name: each panel takes a fixed time to draw, and a run (or a
+trainable model of the service) with hundreds of signal names took minutes to report."""
 TRAINING_FIRST = ["loss", "kl", "clip_fraction", "grad_norm", "entropy", "lr", "zero_variance_fraction"]
 
 
@@ -116,16 +119,22 @@ def key_groups(
 ) -> list[tuple[str, list[str], Sequence[Mapping[str, Any]], dict[str, str]]]:
     """The report's figures: (title, keys, rows they come from, bands) for each non-empty section.
 
-    Rewards first (the trained reward and each signal, with std bands), then independent checks,
-    the watch's own statistics, lengths, and every other numeric key as training diagnostics.
+    Rewards first (the trained reward and each signal, with std bands; the first
+    `MAX_SIGNAL_PANELS` signals by name, the title saying how many were left out), then independent
+    checks, the watch's own statistics, lengths, and every other numeric key as training diagnostics.
     """
     keys = sorted({k for row in metric_rows for k, v in row.items() if _number(v)} - {"step"})
-    rewards = [k for k in ("reward_mean",) if k in keys] + [
-        k for k in keys if k.startswith("reward/") and k.endswith("_mean")
-    ]
+    signals = [k for k in keys if k.startswith("reward/") and k.endswith("_mean")]
+    rewards = [k for k in ("reward_mean",) if k in keys] + signals[:MAX_SIGNAL_PANELS]
+    title = "Rewards (trained reward and each signal)"
+    if len(signals) > MAX_SIGNAL_PANELS:
+        title = (
+            f"Rewards (trained reward and {MAX_SIGNAL_PANELS} of {len(signals)} signals, the first by name; "
+            f"{len(signals) - MAX_SIGNAL_PANELS} left out, all in metrics.jsonl)"
+        )
     bands = {k: k[: -len("_mean")] + "_std" for k in rewards if k[: -len("_mean")] + "_std" in keys}
     checks = [k for k in keys if k.startswith(("val/", "check/"))]
-    lengths = [k for k in keys if ("tokens" in k or "length" in k) and k not in rewards]
+    lengths = [k for k in keys if ("tokens" in k or "length" in k) and not k.startswith("reward")]
     watch_keys = sorted({k for row in watch_rows for k, v in row.items() if _number(v)} - {"step"})
     metric_watch = [k for k in keys if k.startswith("watch/")]
     taken = (
@@ -134,7 +143,7 @@ def key_groups(
     rest = [k for k in keys if k not in taken and not k.startswith("reward/")]
     rest = [k for k in TRAINING_FIRST if k in rest] + [k for k in rest if k not in TRAINING_FIRST]
     sections = [
-        ("Rewards (trained reward and each signal)", rewards, metric_rows, bands),
+        (title, rewards, metric_rows, bands),
         ("Independent checks", checks, metric_rows, {}),
         ("Watch statistics", watch_keys, watch_rows, {}),
         ("Watch statistics (from metrics)", [] if watch_keys else metric_watch, metric_rows, {}),

@@ -19,6 +19,7 @@ from grooves.serve.app import MAX_BODY_BYTES, MAX_REQUEST_TOKENS, create_app
 from grooves.serve.keys import ApiKeys
 from grooves.service.core import Service
 from grooves.service.routes import service_router
+from grooves.service.validate import StepLimits
 
 
 def create_service_app(
@@ -34,17 +35,18 @@ def create_service_app(
     max_n: int = 64,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
+    limits: StepLimits | None = None,
 ) -> FastAPI:
     """The training service's app over `base_model`, its models kept under `root` (restored from it).
 
     `adapters` (name, path) are served beside the base to every tenant, as `grooves serve
-    --adapter NAME=PATH` serves them. `app.state.service` is the `Service`; close it (and
+    --adapter NAME=PATH` serves them. `limits` bound one training step (default `StepLimits()`). `app.state.service` is the `Service`; close it (and
     `app.state.scheduler`) when the app's owner ends.
     """
     base = shared_base(base_model, dtype=dtype, device=device)
     model_config = ModelConfig(base_model=base_model, dtype=dtype, device=device)
     base_policy = policy_for(model_config, None, seed=0, served_name=served_name or base_model, base=base)
-    service = Service(Path(root), base, base_policy, max_models=max_models)
+    service = Service(Path(root), base, base_policy, max_models=max_models, limits=limits)
     for name, path in adapters:
         service.table.add(name, path)
     service.restore()

@@ -4,7 +4,11 @@ The folder (`root`) holds one run folder per model, `root/<tenant>/<name>/`, and
 promotions (`root/<tenant>/promotions.json`). It is locked while a service runs (one service per
 folder). A service started on a folder that holds models brings each back at its last intact
 checkpoint, with its promoted adapters served again: after a kill, a loop's next step id
-continues where the checkpoints left off.
+continues where the checkpoints left off. A model or a promotion that cannot be brought back is
+named in one line and left out; the rest of the folder is served.
+
+A step's request is read, sized (`StepLimits`) and hashed on a worker thread (`read_step`), so a
+body of megabytes does not hold up every other request, `/v1/models` included.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from grooves.adapters.promote import Promoter
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
@@ -32,8 +40,9 @@ from grooves.serve.keys import caller
 from grooves.service.hosted import SERVICE_FILE, HostedModel
 from grooves.service.table import Models, ServicePolicy, ServiceTable, owned_name
 from grooves.service.usage import Usage
-from grooves.service.validate import check_groups
+from grooves.service.validate import SequenceBound, StepLimits, check_groups, check_size
 from grooves.train.checkpoint import CheckpointError, checkpoint_dir
+from grooves.train.memory import auto_micro_batch_tokens
 from grooves.train.runlog import lock_run_dir
 from grooves.train.step import NonFiniteStep
 
@@ -49,7 +58,7 @@ PROMOTIONS = "promotions.json"
 class Service:
     """The models of a training service, their folder, the shared base and the usage counters."""
 
-    def __init__(self, root: Path, base, base_policy, *, max_models: int):
+    def __init__(self, root: Path, base, base_policy, *, max_models: int, limits: StepLimits | None = None):
         self.root = Path(root)
         self._closing = ExitStack()
         self._closing.enter_context(lock_run_dir(self.root))  # one service per folder
@@ -60,6 +69,7 @@ class Service:
         self.table = ServiceTable(self.policy, self.models)
         self.promoter = Promoter(self.table)
         self.max_models = max_models
+        self.limits = limits or StepLimits()
         self._creating = asyncio.Lock()
 
     # ---- the folder --------------------------------------------------------------------------
@@ -81,8 +91,11 @@ class Service:
             _say(f"restored {model.tenant}/{model.name} at step {model.step}")
         for file in sorted(self.root.glob(f"*/{PROMOTIONS}")):
             tenant = file.parent.name
-            for served, entry in json.loads(file.read_text()).items():
-                self.table.add(owned_name(tenant, served), entry["path"])
+            for served, entry in read_promotions(file).items():
+                try:
+                    self.table.add(owned_name(tenant, served), entry["path"])
+                except (KeyError, TypeError, ValueError, OSError) as exc:  # a damaged entry, a folder gone
+                    _say(f"{file}: {served!r} not served again: {type(exc).__name__}: {exc}")
 
     def close(self, *, reports: bool = True) -> None:
         """Write each model's report (as the trainer does at the end of a run), release the folder."""
@@ -186,7 +199,25 @@ class Service:
         except ConfigError as exc:
             lines = [f"config.{line}" for line in str(exc).splitlines()]
             raise APIError(400, "; ".join(lines), lines[0].split(":")[0]) from None
+        self._check_memory(config)
         return config
+
+    def _check_memory(self, config: RunConfig) -> None:
+        """A model's `optim.micro_batch_tokens`, when set, within what this service's free memory holds
+        (unset, the model gets that figure): a micro-batch past it would take the memory every model shares."""
+        o = config.optim
+        if o.micro_batch_tokens is None:
+            return
+        most = auto_micro_batch_tokens(
+            self.base_policy.model, self.base.device, checkpointing=o.gradient_checkpointing
+        )
+        if o.micro_batch_tokens > most:
+            raise APIError(
+                400,
+                f"config.optim.micro_batch_tokens: {o.micro_batch_tokens} is more than this service's free memory "
+                f"holds in one micro-batch ({most} tokens now); leave it unset (the service picks {most}) or lower it",
+                "config.optim.micro_batch_tokens",
+            )
 
     @staticmethod
     def _same(field: str, given: Any, ours: Any) -> bool:
@@ -200,9 +231,35 @@ class Service:
             return False
 
     # ---- steps -------------------------------------------------------------------------------
-    async def apply(self, model: HostedModel, req: TrainRequest) -> dict[str, Any]:
+    def read_step(self, body: bytes) -> tuple[TrainRequest, str]:
+        """A step's request from its body (blocking: run it on a worker thread), held to the
+        service's limits, and the digest of its groups that tells a retry from another step."""
+        try:
+            req = TrainRequest.model_validate_json(body)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False)) from None
+        check_size(req.groups, self.limits)
+        return req, hashlib.sha256(req.model_dump_json(include={"groups"}).encode()).hexdigest()
+
+    def sequence_bounds(self, model: HostedModel) -> list[SequenceBound]:
+        """What bounds one of `model`'s training sequences (the smallest is the bound)."""
+        context, row = model.policy.prompts.max_context, model.longest_sequence
+        micro = model.config.optim.micro_batch_tokens
+        return [
+            SequenceBound(context, f"the model's context of {context}"),
+            SequenceBound(
+                self.limits.max_sequence_tokens,
+                f"this service's limit of {self.limits.max_sequence_tokens} per sequence (--max-sequence-tokens)",
+            ),
+            SequenceBound(
+                row,
+                f"the {row} tokens one micro-batch of this model holds in a row (optim.micro_batch_tokens = "
+                f"{micro}, attention's memory per pair of positions counted); send shorter rollouts",
+            ),
+        ]
+
+    async def apply(self, model: HostedModel, req: TrainRequest, digest: str) -> dict[str, Any]:
         """Apply step `req.step` once: the next step id trains, a repeat gets its first answer."""
-        digest = hashlib.sha256(req.model_dump_json(include={"groups"}).encode()).hexdigest()
         async with model.lock:
             if req.step <= model.step:
                 row = model.results.get(req.step)
@@ -223,15 +280,18 @@ class Service:
                     "step",
                     "step_conflict",
                 )
-            check_groups(
+            await asyncio.to_thread(
+                check_groups,
                 req.groups,
                 vocab_size=int(model.policy.model.get_input_embeddings().num_embeddings),
-                max_context=model.policy.prompts.max_context,
+                sequence=self.sequence_bounds(model),
                 live=model.step,
                 max_staleness=model.max_staleness,
             )
             try:
-                row, trained_tokens = await asyncio.to_thread(model.train, to_groups(req.groups), digest)
+                row, trained_tokens = await asyncio.to_thread(
+                    lambda: model.train(to_groups(req.groups), digest)
+                )
             except NonFiniteStep as exc:
                 raise APIError(422, str(exc), "groups", "nonfinite_step") from None
             self.usage.add(model.tenant, model.name, trained_tokens=trained_tokens, steps=1)
@@ -291,14 +351,26 @@ class Service:
             if not path.exists():  # a copy: pruning checkpoints never takes a served adapter away
                 await asyncio.to_thread(shutil.copytree, source, path)
             internal = owned_name(tenant, served)
-            if self.table.owns(tenant, served):
+            replacing = self.table.owns(tenant, served)
+            if replacing:
                 route = await asyncio.to_thread(self.promoter.promote, internal, str(path))
             else:
                 route = await asyncio.to_thread(self.table.add, internal, str(path))
             file = self.root / tenant / PROMOTIONS
-            promotions = json.loads(file.read_text()) if file.exists() else {}
+            promotions = read_promotions(file) if file.exists() else {}
             promotions[served] = {"model": model.name, "step": step, "path": str(path)}
-            file.write_text(json.dumps(promotions, indent=1))
+            try:
+                await asyncio.to_thread(write_atomic, file, json.dumps(promotions, indent=1))
+            except OSError as exc:  # served only if a restart serves it again: undone
+                undo = self.promoter.rollback if replacing else self.table.remove
+                await asyncio.to_thread(undo, internal)
+                raise APIError(
+                    500,
+                    f"the promotion was not made: {file} could not be written ({exc})",
+                    "served_name",
+                    "storage_error",
+                    kind="server_error",
+                ) from None
         return {
             "object": "served_adapter",
             "name": served,
@@ -331,6 +403,34 @@ def step_json(model: HostedModel, row: dict[str, Any], *, replayed: bool = False
         "metrics": row,
         "replayed": replayed,
     }
+
+
+def read_promotions(file: Path) -> dict[str, Any]:
+    """A tenant's promotions file: served name -> {"model", "step", "path"}; a file that cannot be
+    read is named in one line and taken as empty (its tenant promotes again)."""
+    try:
+        promotions = json.loads(file.read_text())
+        if not isinstance(promotions, dict):
+            raise ValueError(f"a JSON object was expected, not {type(promotions).__name__}")
+    except (OSError, ValueError) as exc:
+        _say(f"{file}: promotions not read: {type(exc).__name__}: {exc}")
+        return {}
+    return promotions
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` whole or not at all: a temporary file beside it, flushed to disk,
+    renamed over it (a write cut short by a crash or a full disk leaves the old file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _say(line: str) -> None:

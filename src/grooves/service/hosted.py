@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import shutil
 import time
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from grooves.config import RunConfig, dump_config, load_config
+from grooves.core.batching import longest_row
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.jsonl import read_jsonl, write_jsonl
 from grooves.policy import policy_for
@@ -44,7 +46,7 @@ from grooves.train.checkpoint import (
     save_checkpoint,
     seed_everything,
 )
-from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.memory import auto_micro_batch_tokens, pair_tokens
 from grooves.train.old_policy import AdapterHistory
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
@@ -143,27 +145,45 @@ class HostedModel:
         `rollout.max_staleness`, the bound `grooves train` holds its steps to."""
         return self.config.rollout.max_staleness
 
+    @property
+    def longest_sequence(self) -> int:
+        """The most tokens one training sequence may hold: the widest row one micro-batch of
+        `optim.micro_batch_tokens` holds, attention's T x T memory counted (`train.memory`)."""
+        o = self.config.optim
+        pairs = pair_tokens(self.policy.model, checkpointing=o.gradient_checkpointing)
+        return longest_row(o.micro_batch_tokens, pairs)
+
     # ---- training ----------------------------------------------------------------------------
     def train(self, groups: list[TrajectoryGroup], digest: str) -> tuple[dict[str, Any], int]:
         """One step on checked groups (blocking): the trainer's `train_step`, then the run folder.
-        Returns the step's metrics row and its trained tokens."""
+        Returns the step's metrics row and its trained tokens.
+
+        The groups' statistics are computed before the weights change, so a step whose numbers
+        cannot be computed is not applied; the row holds null where a number is not finite (as
+        metrics.jsonl does), so every applied step can be recorded and answered."""
         t0 = time.perf_counter()
+        scored = {
+            "groups_with_signal": float(groups_with_signal([g for g in groups if len(g.ok) >= 2])),
+            **reward_stats(groups),
+        }
         with self.policy.lock, self._rngs():
             stats, seqs = train_step(
                 self.policy, self.optimizer, groups, self.config, self.loss, history=self.history
             )
         step = self.step
-        row = {
-            "step": step,
-            "groups_with_signal": float(groups_with_signal([g for g in groups if len(g.ok) >= 2])),
-            **reward_stats(groups),
-            **stats,
-            "lr": self.config.optim.lr,
-            "micro_batch_tokens": self.config.optim.micro_batch_tokens,
-            "adapter_version": step,
-            "seconds_train": time.perf_counter() - t0,
-            "request_sha256": digest,
-        }
+        row = finite_or_null(
+            {
+                "step": step,
+                **scored,
+                **stats,
+                "lr": self.config.optim.lr,
+                "micro_batch_tokens": self.config.optim.micro_batch_tokens,
+                "adapter_version": step,
+                "seconds_train": time.perf_counter() - t0,
+                "request_sha256": digest,
+            }
+        )
+        self.results[step] = row  # a retry is answered with this row, whatever below fails
         usage = {
             "step": step,
             "tenant": self.tenant,
@@ -182,7 +202,6 @@ class HostedModel:
         if step % logging.checkpoint_every == 0:
             self._checkpoint()
         self.log.plot()
-        self.results[step] = row
         return row, usage["trained_tokens"]
 
     def note_sampled(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -262,6 +281,11 @@ class HostedModel:
             torch.set_rng_state(self.rng_state)
             yield
             self.rng_state = torch.get_rng_state()
+
+
+def finite_or_null(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with None for each float that is inf or NaN (JSON has neither; metrics.jsonl writes null)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 @contextlib.contextmanager

@@ -13,9 +13,11 @@
 Sampling is the ordinary `/v1/chat/completions` with `model` set to the trainable model's name:
 its live adapter answers, and each choice's `adapter_version` says which step's weights did.
 
-A step runs as a task of its own that a cancelled request (its client went away) does not stop:
-the step and the model's lock end together, so a retry that arrives meanwhile waits for it and
-then gets its answer instead of applying the step again.
+A step's body is parsed, held to the service's limits and hashed on a worker thread
+(`Service.read_step`), not on the event loop that answers every other request. A step then runs
+as a task of its own that a cancelled request (its client went away) does not stop: the step and
+the model's lock end together, so a retry that arrives meanwhile waits for it and then gets its
+answer instead of applying the step again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from grooves.client.wire import TrainRequest
@@ -73,10 +75,11 @@ def service_router(service: Service) -> APIRouter:
     async def get_model(name: str):
         return model_json(service.model(caller(), name))
 
-    @router.post("/trainable_models/{name}/steps")
-    async def train(name: str, body: TrainRequest):
+    @router.post("/trainable_models/{name}/steps", openapi_extra=_body_schema(TrainRequest))
+    async def train(name: str, request: Request):
         model = service.model(caller(), name)
-        work = asyncio.ensure_future(service.apply(model, body))
+        body, digest = await asyncio.to_thread(service.read_step, await request.body())
+        work = asyncio.ensure_future(service.apply(model, body, digest))
         return await asyncio.shield(work)
 
     @router.get("/trainable_models/{name}/checkpoints")
@@ -108,3 +111,9 @@ def service_router(service: Service) -> APIRouter:
         return service.usage.of(caller())
 
     return router
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its body itself."""
+    schema = model.model_json_schema()  # its own $defs: OpenAPI 3.1 schemas are JSON Schema 2020-12
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

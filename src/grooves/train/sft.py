@@ -62,6 +62,7 @@ from grooves.train.checkpoint import (
     seed_everything,
 )
 from grooves.train.data import ScenarioStream
+from grooves.train.memory import pair_tokens
 from grooves.train.optim import adamw, lr_scheduler
 from grooves.train.runlog import RunLog, show_bars, step_line
 from grooves.train.step import gradient_step
@@ -157,7 +158,8 @@ def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftCo
     earlier caller left in `.grad` are zeroed first."""
     opt = config.optim
     num_tokens = sum(s.num_sampled for s in seqs)
-    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0)
+    pairs = pair_tokens(policy.model, checkpointing=False)  # attention's T x T memory
+    batches = micro_batches(seqs, opt, policy.tokenizer.pad_token_id or 0, pair_cost=pairs)
     nll_sum = 0.0
     params = [p for p in policy.model.parameters() if p.requires_grad]
     with gradient_step(policy, optimizer) as model:

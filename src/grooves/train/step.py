@@ -33,7 +33,7 @@ from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, traj
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.adapters import keep_requires_grad
 from grooves.policy.base import Policy
-from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.memory import auto_micro_batch_tokens, pair_tokens
 from grooves.train.old_policy import AdapterHistory, old_policy_logprobs, stale_logprobs
 from grooves.train.pipeline import staleness_stats
 
@@ -293,7 +293,8 @@ def optimize(
         )
         opt = opt.model_copy(update={"micro_batch_tokens": tokens})
     mine = seqs if sync is None else sync.shard(seqs)
-    batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0)
+    pairs = pair_tokens(policy.model, checkpointing=opt.gradient_checkpointing)  # attention's T x T memory
+    batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0, pair_cost=pairs)
     counts = StepCounts(
         num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
     )  # the whole step's, on every rank

@@ -12,7 +12,7 @@ import pytest
 import torch
 from service_support import TOY, adapter, create, hosted, http, rows, service, toy_config
 
-from grooves.client import ServiceError
+from grooves.client import ServiceError, TrainableModel
 from grooves.client.wire import to_records
 from grooves.config import parse_config
 from grooves.core.gather import TooManyFailures, gather
@@ -549,3 +549,34 @@ def test_a_model_the_service_could_not_restore_is_kept_not_replaced(tiny_model_d
 
     asyncio.run(run())
     assert "default/toy: not restored: no intact checkpoint" in capfd.readouterr().err
+
+
+def test_stale_turns_under_tis_train_on_their_own_weights_until_a_restart_forgets_them(
+    tiny_model_dir, tmp_path
+):
+    """algorithm.tis_cap with rollout.max_staleness: the service keeps the versions a step's turns may
+    come from; after a restart it no longer holds them, and says so (409) before changing anything."""
+    config = toy_config(tiny_model_dir, algorithm={"tis_cap": 2.0}, rollout={"max_staleness": 1})
+    root = tmp_path / "svc"
+
+    async def run():
+        async with service(root, tiny_model_dir) as (app, transport):
+            model = await create(transport, "toy", config)
+            groups = await model.gather(TASK.rollout, _scenarios())  # sampled by version 0
+            await model.train(groups)
+            second = await model.gather(TASK.rollout, _scenarios())  # by version 1
+            stale = await model.train(second[:1] + groups[1:])  # a group of version 0, one behind
+            assert stale.step == 2 and stale.metrics["staleness_max"] == 1.0
+            await model.close()
+        async with service(root, tiny_model_dir) as (app, transport):
+            model = await TrainableModel.connect("http://svc", "toy", transport=transport)
+            before = adapter(hosted(app, "toy").policy)
+            with pytest.raises(ServiceError) as err:
+                await model.train(second)  # version 1's turns: the restarted service holds only 2
+            assert err.value.status == 409
+            assert "adapter versions [1], whose weights this trainer no longer holds" in str(err.value)
+            after = adapter(hosted(app, "toy").policy)
+            assert hosted(app, "toy").step == 2 and all(torch.equal(before[k], after[k]) for k in before)
+            await model.close()
+
+    asyncio.run(run())

@@ -43,6 +43,7 @@ from grooves.service.usage import Usage
 from grooves.service.validate import SequenceBound, StepLimits, check_groups, check_size
 from grooves.train.checkpoint import CheckpointError, checkpoint_dir
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.old_policy import MissingVersions
 from grooves.train.runlog import lock_run_dir
 from grooves.train.step import NonFiniteStep
 
@@ -294,6 +295,8 @@ class Service:
                 )
             except NonFiniteStep as exc:
                 raise APIError(422, str(exc), "groups", "nonfinite_step") from None
+            except MissingVersions as exc:  # raised before the step changed anything
+                raise APIError(409, str(exc), "groups", "sampling_weights_gone") from None
             self.usage.add(model.tenant, model.name, trained_tokens=trained_tokens, steps=1)
             return step_json(model, row)
 

@@ -24,6 +24,11 @@ import torch
 from grooves.core.tokenize import TrainBatch
 
 
+class MissingVersions(ValueError):
+    """Turns sampled by adapter versions whose weights the trainer no longer holds (a restarted
+    service): raised before a step changes anything."""
+
+
 class AdapterHistory:
     """The trained adapter's weights at its last `keep` + 1 versions (CPU copies, peft's state-dict
     keys): a step of live version L takes turns of versions L - keep .. L."""
@@ -52,10 +57,10 @@ class AdapterHistory:
         self._weights[version] = load_peft_weights(str(folder), device="cpu")
 
     def require(self, versions: Iterable[int]) -> None:
-        """Raise `ValueError` naming the versions of `versions` whose weights are not kept."""
+        """Raise `MissingVersions` naming the versions of `versions` whose weights are not kept."""
         missing = sorted(set(versions) - set(self._weights))
         if missing:
-            raise ValueError(
+            raise MissingVersions(
                 f"turns sampled by adapter versions {missing}, whose weights this trainer no longer holds "
                 f"(it keeps {self.versions}); truncated importance sampling (algorithm.tis_cap) needs the "
                 "weights that sampled each turn: sample those turns again"

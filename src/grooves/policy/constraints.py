@@ -30,6 +30,12 @@ docs/training.md for how the trainer treats it.
 `strict`: with `json_schema.strict: true` (or a tool's `function.strict: true`) every keyword of
 the schema must be enforceable, and one llguidance does not implement is refused; without it such
 keywords are ignored (`lenient`), and the rest of the schema is still enforced.
+
+A call written under a grammar takes only the arguments its tool declares: an object schema that
+lists `properties` and says nothing of `additionalProperties` is closed (`additionalProperties:
+false`, as OpenAI's strict tools require), and a tool without `parameters` takes exactly `{}`
+(`closed_schema`). Left open, a small model filled the room with the keys of its prompt's example
+(`{"argument1": "value1"}`). A tool's `$defs` (and `$ref`s into them) keep working inside the call.
 """
 
 from __future__ import annotations
@@ -127,16 +133,73 @@ def _forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple
     )
 
 
+_SUBSCHEMA = ("items", "contains", "not", "if", "then", "else", "additionalProperties", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_OPEN_BY = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_COMBINED_BY = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+
+
+def closed_schema(schema: Any, *, top: bool = True) -> Any:
+    """A copy of a tool's `parameters` in which the object schemas take only the keys they declare.
+
+    An object schema that lists `properties` (and the top level, which is always an object) gets
+    `additionalProperties: false` unless it says otherwise (`additionalProperties`,
+    `patternProperties`, `unevaluatedProperties`) or combines with other schemas (`allOf`, `anyOf`,
+    `oneOf`, `$ref`, ...), where closing one part would refuse the keys another declares. A nested
+    `{"type": "object"}` without `properties` stays a free-form object.
+
+    >>> closed_schema({"type": "object", "properties": {"a": {"type": "object", "properties": {}}, "b": {"type": "object"}}})
+    {'type': 'object', 'properties': {'a': {'type': 'object', 'properties': {}, 'additionalProperties': False}, 'b': {'type': 'object'}}, 'additionalProperties': False}
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SUBSCHEMA:
+        if k in out:
+            out[k] = closed_schema(out[k], top=False)
+    for k in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [closed_schema(v, top=False) for v in out[k]]
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: closed_schema(v, top=False) for name, v in out[k].items()}
+    declares = "properties" in out or (top and out.get("type", "object") == "object")
+    if declares and not any(k in out for k in _OPEN_BY + _COMBINED_BY):
+        out["additionalProperties"] = False
+    return out
+
+
+def _refs_under(schema: Any, prefix: str) -> Any:
+    """`schema` with each local `$ref` ("#...") pointing into `prefix` instead of the root."""
+    if isinstance(schema, list):
+        return [_refs_under(v, prefix) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _refs_under(v, prefix) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = prefix + ref[1:]
+    return out
+
+
 def _call_schema(
     tools: list[dict[str, Any]], indices: list[int], key: str
 ) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
-    """The JSON schema of one call to any of these tools, and each tool's own arguments schema with its param."""
-    options, parts = [], []
+    """The JSON schema of one call to any of these tools, and each tool's own arguments schema with its param.
+
+    The arguments are `closed_schema`s. A tool whose schema holds `$ref`s moves to the call's
+    `$defs` (as `tool<i>`, its own `$ref`s pointed there), since inside the call "#" is the call.
+    """
+    options, parts, defs = [], [], {}
     for i in indices:
         fn = tools[i].get("function", tools[i])
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = closed_schema(fn.get("parameters") or {"type": "object", "properties": {}})
         strict = fn.get("strict") is True
         parts.append((f"tools[{i}].function.parameters", _with_options(params, strict)))
+        if '"$ref"' in json.dumps(params):
+            defs[f"tool{i}"] = _refs_under(params, f"#/$defs/tool{i}")
+            params = {"$ref": f"#/$defs/tool{i}"}
         options.append(
             {
                 "type": "object",
@@ -146,6 +209,8 @@ def _call_schema(
             }
         )
     call = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        call = {"$defs": defs} | call
     return _with_options(
         call, strict=all(tools[i].get("function", {}).get("strict") is True for i in indices)
     ), parts

@@ -172,10 +172,10 @@ class SmolLM2Syntax:
         return parse_tagged(text, tools)
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
-        items = {k: v for k, v in call_schema.items() if k != "x-guidance"}
+        top = ("x-guidance", "$defs")  # llguidance reads its options, and "#" refs resolve, at the top
+        items = {k: v for k, v in call_schema.items() if k not in top}
         array = {"type": "array", "items": items, "minItems": 1} | ({} if multiple else {"maxItems": 1})
-        if "x-guidance" in call_schema:  # llguidance reads its options at the top of a %json schema
-            array["x-guidance"] = call_schema["x-guidance"]
+        array |= {k: call_schema[k] for k in top if k in call_schema}
         return 'tool_calls: "<tool_call>" ' + _json_block(array) + ' "</tool_call>"\n'
 
 

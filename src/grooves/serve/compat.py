@@ -36,11 +36,15 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
         "limited",
         "roles system, developer, user, assistant, tool; text content only (an image, audio or file part is a 400)",
     ),
-    "tools": FieldSupport("limited", "function tools; `parameters` must be an object JSON schema"),
+    "tools": FieldSupport(
+        "limited",
+        "function tools; `parameters` must be an object JSON schema; a call written under a grammar takes"
+        " only the keys its tool declares (no `additionalProperties` counts as false)",
+    ),
     "tool_choice": FieldSupport(
         "limited",
         '"none", "auto", "required", or a named function; a forced call is enforced by a grammar'
-        " (a 400 on the vLLM backend)",
+        " (a 400 on the vLLM backend), a tool without `parameters` takes exactly `{}`",
     ),
     "parallel_tool_calls": FieldSupport(
         "limited",

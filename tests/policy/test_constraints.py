@@ -210,6 +210,41 @@ def test_a_tool_whose_schema_has_defs_can_be_forced(policy):
         assert not accepts(policy, grammar, text.replace('"name": "Ada"', '"name": 7'))
 
 
+@pytest.mark.parametrize(
+    "syntax,one,two,text_then_call",
+    [
+        (
+            SmolLM2Syntax(),
+            smollm2_call("get_time", {}),
+            '<tool_call>[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]</tool_call>',
+            "Sure. " + smollm2_call("get_time", {}),
+        ),
+        (
+            HermesSyntax(),
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+            'Sure. <tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        ),
+        (
+            Llama3JsonSyntax(),
+            '{"name": "get_time", "parameters": {}}',
+            '{"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}',
+            ' {"name": "get_time", "parameters": {}}',
+        ),
+    ],
+    ids=["smollm2", "hermes", "llama3_json"],
+)
+def test_parallel_tool_calls_false_under_auto_is_text_or_one_call(policy, syntax, one, two, text_then_call):
+    grammar = request_grammar(syntax, tools=[TIME], tool_choice="auto", parallel_tool_calls=False)
+    assert grammar.param == "parallel_tool_calls"
+    for text in ("The time is 5.", "", one):
+        assert accepts(policy, grammar, text), text
+    for text in (two, text_then_call):
+        assert not accepts(policy, grammar, text), text
+    # with parallel calls allowed, "auto" imposes nothing
+    assert request_grammar(syntax, tools=[TIME], tool_choice="auto") is None
+
+
 def test_logprobs_are_the_masked_distributions_and_the_trainer_sees_the_difference(policy):
     fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True}}
     prompt, completions = sample(policy, n=2, max_tokens=40, temperature=0.8, response_format=fmt)

@@ -23,6 +23,7 @@ from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
 from grooves.scale.policy_server import ThreadedServer
 from grooves.serve.app import create_app, inprocess_client
+from tiny_models import teach_answer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -213,25 +214,7 @@ def test_n8_through_real_http_with_the_openai_client(policy, app):
 def tool_policy(tiny_model_dir):
     """A tiny model trained until its greedy answer to WEATHER_QUESTION is exactly one tool call."""
     policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny-tools")
-    tok = policy.tokenizer
-    prompt = policy.prompts.render(WEATHER_QUESTION, [WEATHER_TOOL])
-    target = tok(TOOL_CALL_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    ids = torch.tensor([prompt + target])  # [1, P+T]
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100  # learn the answer only
-    model = policy.model
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        out = model(input_ids=ids, labels=labels)
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-        hits = out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]
-        if bool(hits.all()) and out.loss.item() < 0.05:
-            break
-    model.eval()
-    assert bool(hits.all()), "the tiny model did not learn the tool call"
+    teach_answer(policy, WEATHER_QUESTION, [WEATHER_TOOL], TOOL_CALL_TEXT)
     return policy
 
 
@@ -447,12 +430,6 @@ BAD_REQUESTS = {
         {**BASE, "stream": True, "stream_options": {"include_obfuscation": True}},
         400,
         "stream_options.include_obfuscation",
-        None,
-    ),
-    "parallel_tool_calls false with auto": (
-        {**_tool({"name": "g"}), "parallel_tool_calls": False},
-        400,
-        "parallel_tool_calls",
         None,
     ),
     "a field OpenAI does not have": ({**BASE, "temprature": 0.5}, 400, "temprature", None),

@@ -36,6 +36,9 @@ lists `properties` and says nothing of `additionalProperties` is closed (`additi
 false`, as OpenAI's strict tools require), and a tool without `parameters` takes exactly `{}`
 (`closed_schema`). Left open, a small model filled the room with the keys of its prompt's example
 (`{"argument1": "value1"}`). A tool's `$defs` (and `$ref`s into them) keep working inside the call.
+
+`parallel_tool_calls: false` with `tool_choice` "auto" is a grammar too: either text that holds no
+call (`CallSyntax.text_lexeme`) or exactly one call.
 """
 
 from __future__ import annotations
@@ -229,7 +232,9 @@ def request_grammar(
     A forced call (tool_choice "required" or a named function) is the whole output: one or more
     calls for "required" (one with `parallel_tool_calls` false), exactly one for a named function.
     Otherwise a JSON response_format is the output, or, with tools the model may call (tool_choice
-    "auto"), either the JSON or calls in the policy's syntax.
+    "auto"), either the JSON or calls in the policy's syntax (one call with `parallel_tool_calls`
+    false). Without a response_format, "auto" with `parallel_tool_calls` false is text that holds
+    no call, or exactly one call; with it true, "auto" imposes nothing.
     """
     forced = _forced_tools(tools, tool_choice)
     fmt = response_format_schema(response_format)
@@ -240,21 +245,27 @@ def request_grammar(
         call, parts = _call_schema(tools, indices, key)
         lark = "start: tool_calls\n" + syntax.grammar(call, multiple=multiple, key=key)
         return RequestGrammar(lark, "tool_choice", tuple((p, _schema_grammar(s)) for p, s in parts))
-    if fmt is None:
+    callable_tools = bool(tools) and tool_choice != "none"
+    if fmt is None and not (callable_tools and not parallel_tool_calls):
         return None
-    schema, param = fmt
-    checks = [(param, _schema_grammar(schema))]
-    if tools and tool_choice != "none":
+    checks, param = [], "parallel_tool_calls"
+    if fmt is not None:
+        schema, param = fmt
+        checks.append((param, _schema_grammar(schema)))
+        content = _json_rule(schema)
+    else:
+        content = syntax.text_lexeme()
+    if callable_tools:
         call, parts = _call_schema(tools, list(range(len(tools))), key)
         checks += [(p, _schema_grammar(s)) for p, s in parts]
         lark = (
-            "start: tool_calls | content\ncontent: "
-            + _json_rule(schema)
-            + "\n"
-            + syntax.grammar(call, multiple=True, key=key)
+            'start: tool_calls | content\ncontent: TEXT | ""\n' + f"TEXT: {content}\n"
+            if fmt is None
+            else "start: tool_calls | content\ncontent: " + content + "\n"
         )
+        lark += syntax.grammar(call, multiple=parallel_tool_calls, key=key)
     else:
-        lark = "start: " + _json_rule(schema)
+        lark = "start: " + content
     return RequestGrammar(lark, param, tuple(checks))
 
 

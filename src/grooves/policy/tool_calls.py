@@ -136,6 +136,10 @@ class CallSyntax(Protocol):
         matches `call_schema`; `key` is the syntax's name for the arguments ("arguments" or "parameters")."""
         ...
 
+    def text_lexeme(self) -> str:
+        """An llguidance lexeme (the right side of `TEXT: ...`): non-empty text that holds no call in this syntax."""
+        ...
+
 
 def parse_tagged(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
     """`<tool_call>...</tool_call>` blocks (an object or a list each); the rest, and blocks that do not parse, is content."""
@@ -162,6 +166,10 @@ def _json_block(call_schema: dict[str, Any]) -> str:
     return "%json " + json.dumps(call_schema)
 
 
+TAGGED_TEXT = r"/(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+"""Text without a `<tool_call>` tag (llguidance's `&` and `~` on lexemes)."""
+
+
 class SmolLM2Syntax:
     """`<tool_call>[{...}, ...]</tool_call>`: the calls as one JSON list."""
 
@@ -170,6 +178,9 @@ class SmolLM2Syntax:
 
     def parse(self, text, tools):
         return parse_tagged(text, tools)
+
+    def text_lexeme(self):
+        return TAGGED_TEXT
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         top = ("x-guidance", "$defs")  # llguidance reads its options, and "#" refs resolve, at the top
@@ -187,6 +198,9 @@ class HermesSyntax:
 
     def parse(self, text, tools):
         return parse_tagged(text, tools)
+
+    def text_lexeme(self):
+        return TAGGED_TEXT
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         block = 'tool_call_block: "<tool_call>\\n" ' + _json_block(call_schema) + ' "\\n</tool_call>"\n'
@@ -222,6 +236,10 @@ class Llama3JsonSyntax:
     def grammar(self, call_schema, *, multiple, key="parameters"):
         top = 'tool_calls: tool_call ("; " tool_call)*\n' if multiple else "tool_calls: tool_call\n"
         return top + "tool_call: " + _json_block(call_schema) + "\n"
+
+    def text_lexeme(self):
+        # an answer that opens like a JSON call (`{`, `<|python_tag|>`) is read as one
+        return r"/(?s:.+)/ & ~/\s*(\{|<\|python_tag\|>)(?s:.*)/"
 
 
 def _read_calls(parts: list[str], names: set[str]) -> tuple[list[dict[str, Any]] | None, str]:
@@ -296,6 +314,9 @@ class DeclaredSyntax:
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         return self.fallback.grammar(call_schema, multiple=multiple, key=key)
+
+    def text_lexeme(self):
+        return self.fallback.text_lexeme()
 
 
 SYNTAXES: dict[str, type] = {

@@ -2,11 +2,11 @@
 
 A request is checked (model, limits, content parts, tools, every field against the compatibility
 table of `serve.compat`), its prompt rendered by the policy on a worker thread (a long prompt does
-not stall the event loop), its `response_format` / `tool_choice` compiled into a grammar
-(`policy.constraints`), and it is sampled through the app's `BatchScheduler` with the adapter its
-`model` names, answered whole or streamed (`serve.streaming`). A failure while sampling fails only
-this request (a JSON 500 that leaves the connection open); a request whose client disconnects is
-withdrawn from the sampler at its next decode step.
+not stall the event loop), its `response_format` / `tool_choice` / `parallel_tool_calls` compiled
+into a grammar (`policy.constraints`), and it is sampled through the app's `BatchScheduler` with
+the adapter its `model` names, answered whole or streamed (`serve.streaming`). A failure while
+sampling fails only this request (a JSON 500 that leaves the connection open); a request whose
+client disconnects is withdrawn from the sampler at its next decode step.
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ from grooves.policy.sampling import Completion, SamplingParams
 from grooves.serve import compat
 from grooves.serve.errors import APIError
 from grooves.serve.routing import AdapterTable, UnknownModel
-from grooves.serve.schemas import ChatRequest, Message, choice_body, completion_body, logprobs_block
+from grooves.serve.schemas import (
+    ChatRequest,
+    Message,
+    choice_body,
+    completion_body,
+    logprobs_block,
+)
 from grooves.serve.streaming import stream_completion
 
 log = logging.getLogger("grooves.server")
@@ -227,13 +233,6 @@ def check_fields(req: ChatRequest) -> None:
             raise APIError(
                 400, "stream_options.include_usage must be true or false", "stream_options.include_usage"
             )
-    if req.parallel_tool_calls is False and req.tools and req.tool_choice in (None, "auto"):
-        raise APIError(
-            400,
-            "parallel_tool_calls: false is only enforced with a forced tool_choice ('required' or a named "
-            "function); with 'auto' the model may write several calls",
-            "parallel_tool_calls",
-        )
 
 
 def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
@@ -255,14 +254,8 @@ def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
 
 
 def constraint_of(policy: Policy, req: ChatRequest, tools):
-    """The grammar `response_format` / `tool_choice` impose (None: none); 400 naming the field it cannot enforce."""
-    wants = (req.response_format or {}).get("type", "text") != "text" or req.tool_choice not in (
-        None,
-        "auto",
-        "none",
-    )
-    if not wants:
-        return None
+    """The grammar `response_format` / `tool_choice` / `parallel_tool_calls` impose (None: none); 400
+    naming the field it cannot enforce."""
     try:
         return policy.prompts.constraint_for(
             response_format=req.response_format,

@@ -48,7 +48,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     ),
     "parallel_tool_calls": FieldSupport(
         "limited",
-        "true (the default); false only with a forced `tool_choice`, whose grammar then allows one call",
+        'true (the default) or false: at most one call, enforced by a grammar (with "auto": text or'
+        " exactly one call); false with tools is a 400 on the vLLM backend",
     ),
     "n": FieldSupport("limited", "1 to `--max-n` (default 64)"),
     "max_tokens": FieldSupport(

@@ -88,7 +88,7 @@ def chat_router(
                 "failed_requests": counters.failed_requests,
                 "cancelled_requests": counters.cancelled_requests,
             },
-            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed},
+            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed, "cut": calls.cut},
         }
 
     @router.post("/v1/chat/completions")
@@ -317,12 +317,13 @@ def _response(
     with its token ids, so a later turn of the conversation continues them exactly."""
     choices = []
     for i, c in enumerate(completions):
-        parsed = policy.prompts.parse(c.text, tools)
+        cut = c.finish_reason == "length"  # a call cut at max_tokens is returned as a call, never as text
+        parsed = policy.prompts.parse(c.text, tools, cut=cut)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         policy.prompts.remember(messages, tools, message, prompt_ids, c)
-        finish = "tool_calls" if parsed.tool_calls else c.finish_reason
+        finish = "tool_calls" if parsed.tool_calls and not cut else c.finish_reason
         block = (
             logprobs_block(policy.tokenizer, c.token_ids, c.logprobs, c.top_logprobs)
             if req.logprobs

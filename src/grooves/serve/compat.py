@@ -54,7 +54,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "n": FieldSupport("limited", "1 to `--max-n` (default 64)"),
     "max_tokens": FieldSupport(
         "limited",
-        "default 256; `n x max_tokens` at most `--max-request-tokens`; prompt + it within the context",
+        "default 256; `n x max_tokens` at most `--max-request-tokens`; prompt + it within the context;"
+        " a call it cuts comes back as a call with its arguments as far as written",
     ),
     "max_completion_tokens": FieldSupport("limited", "as `max_tokens`, and wins over it"),
     "temperature": FieldSupport("supported", "0 to 2; 0 is greedy and reports temperature-1 logprobs"),
@@ -105,14 +106,15 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
         "supported", "the text outside tool calls; null when there is none"
     ),
     "choices[].message.tool_calls": FieldSupport(
-        "supported", "calls parsed from the text (id, type, function name and arguments)"
+        "supported",
+        "calls parsed from the text (id, type, function name and arguments); a call cut at max_tokens with its arguments as far as written",
     ),
     "choices[].message.refusal": FieldSupport("refused", "never sent: no refusal classifier"),
     "choices[].message.annotations": FieldSupport("refused", "never sent: no web search"),
     "choices[].message.audio": FieldSupport("refused", "never sent: text only"),
     "choices[].message.function_call": FieldSupport("refused", "never sent: calls come as `tool_calls`"),
     "choices[].finish_reason": FieldSupport(
-        "limited", '"stop", "length", "tool_calls"; never "content_filter"'
+        "limited", '"stop", "length" (also when a tool call was cut), "tool_calls"; never "content_filter"'
     ),
     "choices[].logprobs": FieldSupport(
         "supported", "`content` entries with token, logprob, bytes, top_logprobs; null unless asked"

@@ -22,6 +22,9 @@ most once), so the choices interleave by `index` and a step costs one event, not
 Then, with `stream_options.include_usage`, a chunk with no choices and the request's `usage`
 (every other chunk carries `usage: null`), and `data: [DONE]`. A failure after the first byte is
 an event `{"error": {...}}` (OpenAI's shape; the `openai` client raises it), then the stream ends.
+
+A choice cut at max_tokens inside a tool call sends that call (`tool_calls.parse_cut`): its
+arguments as far as written, `finish_reason` "length"; never the call's markup as content.
 """
 
 from __future__ import annotations
@@ -85,13 +88,14 @@ class ChoiceStream:
         self, completion: Completion, extras: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], ParsedOutput]:
         """The choice's last deltas and final chunk, and the parse of its whole text (for the message record)."""
+        cut = completion.finish_reason == "length"
         content, calls = self.calls.feed(self.text.finish(completion.text))
-        rest, more, parsed = self.calls.finish()
+        rest, more, parsed = self.calls.finish(cut=cut)
         out = self._deltas(content + rest, calls + more)
         if self._space and not self.tool_calls:  # no call came: the text keeps its trailing whitespace
             out.append(self._choice({"content": self._space}))
             self.content += self._space
-        finish = "tool_calls" if self._calls_sent else completion.finish_reason
+        finish = "tool_calls" if self._calls_sent and not cut else completion.finish_reason
         out.append(self._choice({}, finish_reason=finish) | extras)
         self.done = True
         return out, parsed
@@ -238,8 +242,9 @@ def stream_completion(
                                 temperature=req.temperature,
                             )
                             deltas += choice.finish(event.completion, record)[0]
+                            cut = event.completion.finish_reason == "length"
                             prompts.parse(
-                                event.completion.text, tools
+                                event.completion.text, tools, cut=cut
                             )  # counted and logged as an unstreamed answer is
                             prompts.remember(messages, tools, choice.message(), prompt_ids, event.completion)
                     if deltas:

@@ -2,7 +2,8 @@
 
 A forced call takes only the arguments its tool declares; a call cut at max_tokens comes back as a
 call with its arguments as far as written, never as markup in `content`, streamed or not;
-`parallel_tool_calls: false` holds every tool_choice to one call.
+`parallel_tool_calls: false` holds every tool_choice to one call; a grammar that reaches a limit
+while sampling is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from agents import (
     set_tracing_disabled,
 )
 from agents.models.chatcmpl_converter import Converter
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from grooves.policy.transformers import TransformersPolicy
 from grooves.scale.policy_server import ThreadedServer
@@ -263,3 +264,51 @@ def test_parallel_tool_calls_false_under_auto_allows_text_without_a_call(client)
         assert len(c.message.tool_calls or []) <= 1
         assert "<tool_call>" not in (c.message.content or "")
     assert any(c.message.content for c in resp.choices)  # the random model mostly writes text
+
+
+# ---- grammar limits reached while sampling are 400s naming the field -----------------------------
+
+RECURSIVE = {
+    "$defs": {
+        "node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}, "required": ["next"]}
+    },
+    "$ref": "#/$defs/node",
+}
+"""An object that must always hold another: no finite JSON matches it."""
+HUGE_PATTERN = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^(a{1000}){1000}$"}},
+    "required": ["s"],
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("schema", [RECURSIVE, HUGE_PATTERN], ids=["recursive", "pattern"])
+@pytest.mark.parametrize("where", ["response_format", "tool"])
+def test_a_grammar_that_reaches_a_limit_while_sampling_is_a_400_naming_the_field(
+    client, schema, where, stream
+):
+    if where == "response_format":
+        request = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        param = "response_format.json_schema.schema"
+    else:
+        request = {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+            "tool_choice": "required",
+        }
+        param = "tools[0].function.parameters"
+    with pytest.raises(
+        BadRequestError
+    ) as info:  # before: a 500 (or, for the tool, "Pointer '/$defs/node' does not exist")
+        resp = client.chat.completions.create(
+            model="tiny", messages=QUESTION, max_tokens=32, seed=0, stream=stream, **request
+        )
+        list(resp) if stream else None
+    error = info.value.body
+    assert info.value.status_code == 400 and error["param"] == param
+    assert error["message"].startswith(
+        f"{param} cannot be enforced: the grammar reached a limit while sampling ("
+    )
+    assert "<state>" not in error["message"]  # llguidance's state dump stays out
+    # the server goes on answering
+    assert client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2).choices

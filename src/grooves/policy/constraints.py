@@ -39,6 +39,11 @@ false`, as OpenAI's strict tools require), and a tool without `parameters` takes
 
 `parallel_tool_calls: false` with `tool_choice` "auto" is a grammar too: either text that holds no
 call (`CallSyntax.text_lexeme`) or exactly one call.
+
+Limits: llguidance bounds the work of one grammar (`LIMITS`, its defaults). A schema that compiles
+but reaches a limit while sampling (an infinitely recursive required object, a regular expression
+like `^(a{1000}){1000}$`) raises `GrammarFailed` naming the request field, which the server answers
+with a 400.
 """
 
 from __future__ import annotations
@@ -65,6 +70,27 @@ class ConstraintError(ValueError):
         self.param = param
 
 
+class GrammarFailed(RuntimeError):
+    """A request's grammar reached one of llguidance's limits while sampling; `param` names the request field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+LIMITS = {
+    "max_items_in_row": 2_000,
+    "initial_lexer_fuel": 1_000_000,
+    "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000,
+    "max_lexer_states": 250_000,
+    "max_grammar_size": 500_000,
+}
+"""llguidance's limits on one grammar (its defaults, stated here so docs/serving.md can list them):
+the Earley items of one row and of one token's step, the lexer's work to build its regular
+expressions and per token, its states, and the grammar's size in symbols."""
+
+
 @dataclass(frozen=True)
 class RequestGrammar:
     """The grammar of one request, and the JSON schemas in it with the request field each came from."""
@@ -74,6 +100,11 @@ class RequestGrammar:
     """The request field the grammar as a whole comes from."""
     schemas: tuple[tuple[str, str], ...]
     """(param, llguidance grammar of that schema alone), checked one by one so an error names its field."""
+
+    @property
+    def sampling_param(self) -> str:
+        """The field to name when the grammar fails while sampling: its one schema's, else the whole grammar's."""
+        return self.schemas[0][0] if len(self.schemas) == 1 else self.param
 
 
 def _with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
@@ -283,6 +314,7 @@ class GrammarCompiler:
         self._ll = llguidance
         self.eos_token_ids = sorted(eos_token_ids)
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_ids)
+        self.limits = llguidance.LLParserLimits(**LIMITS)
 
     def compile(self, grammar: RequestGrammar) -> Constraint:
         """A `Constraint` for `grammar`; `ConstraintError` naming the request field when llguidance refuses it."""
@@ -290,15 +322,20 @@ class GrammarCompiler:
             self._check(text, param)
         self._check(grammar.lark, grammar.param)
         matcher = self._ll.LLMatcher(
-            self.tokenizer, self._ll.LLMatcher.grammar_from_lark(grammar.lark), log_level=0
+            self.tokenizer,
+            self._ll.LLMatcher.grammar_from_lark(grammar.lark),
+            log_level=0,
+            limits=self.limits,
         )
         if matcher.is_error():
-            raise ConstraintError(f"{grammar.param} cannot be enforced: {matcher.get_error()}", grammar.param)
-        return Constraint(matcher, self.tokenizer.vocab_size, self.eos_token_ids)
+            raise ConstraintError(
+                f"{grammar.param} cannot be enforced: {library_reason(matcher.get_error())}", grammar.param
+            )
+        return Constraint(matcher, self.tokenizer.vocab_size, self.eos_token_ids, grammar.sampling_param)
 
     def _check(self, lark: str, param: str) -> None:
         error = self._ll.LLMatcher.validate_grammar(
-            self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer
+            self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer, limits=self.limits
         )
         if error:
             raise ConstraintError(f"{param} cannot be enforced: {library_reason(error)}", param)
@@ -317,28 +354,39 @@ def library_reason(error: str) -> str:
 class Constraint:
     """One request's compiled grammar; calling it gives a sampled row its own `GrammarMask`."""
 
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int], param: str = "response_format"):
         self._matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self.param = param
+        """The request field a failure while sampling names (`GrammarFailed`)."""
 
     def __call__(self) -> GrammarMask:
-        return GrammarMask(self._matcher.deep_copy(), self.vocab_size, self.eos_token_ids)
+        return GrammarMask(self._matcher.deep_copy(), self.vocab_size, self.eos_token_ids, self.param)
 
 
 class GrammarMask:
     """A row's grammar state: masks the logits of tokens the grammar does not allow next (`RowLogits`)."""
 
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int], param: str = "response_format"):
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self.param = param
         self._bitmask = torch.zeros(
             (vocab_size + 31) // 32, dtype=torch.int32
         )  # [ceil(V / 32)]: bit i of word w = token 32w + i
+
+    def _failed(self) -> GrammarFailed:
+        """The matcher's error (a limit reached: llguidance's resource limits) as the request's fault."""
+        return GrammarFailed(
+            f"{self.param} cannot be enforced: the grammar reached a limit while sampling "
+            f"({library_reason(self.matcher.get_error())}); simplify the schema",
+            self.param,
+        )
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next."""
         # llguidance writes the mask into our buffer (what llguidance.torch does, without importing torch.compile)
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         if self.matcher.is_error():
-            raise RuntimeError(f"the grammar failed while sampling: {self.matcher.get_error()}")
+            raise self._failed()
         bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[
             : self.vocab_size
         ]  # [V] 0/1
@@ -357,10 +405,8 @@ class GrammarMask:
     def advance(self, token: int) -> None:
         if self.matcher.is_stopped():
             return
-        if not self.matcher.consume_token(token):
-            raise RuntimeError(
-                f"the grammar refused token {token}, which its own mask allowed: {self.matcher.get_error()}"
-            )
+        if not self.matcher.consume_token(token):  # a token its own mask allowed: a limit was reached
+            raise self._failed()
 
 
 def allowed_mass_mismatch(

@@ -5,7 +5,8 @@ table of `serve.compat`), its prompt rendered by the policy on a worker thread (
 not stall the event loop), its `response_format` / `tool_choice` / `parallel_tool_calls` compiled
 into a grammar (`policy.constraints`), and it is sampled through the app's `BatchScheduler` with
 the adapter its `model` names, answered whole or streamed (`serve.streaming`). A failure while
-sampling fails only this request (a JSON 500 that leaves the connection open); a request whose
+sampling fails only this request (a JSON 500 that leaves the connection open; a grammar that
+reaches a limit while sampling is the request's fault, a 400 naming the field); a request whose
 client disconnects is withdrawn from the sampler at its next decode step.
 """
 
@@ -26,7 +27,7 @@ from grooves.policy.constraints import ConstraintError
 from grooves.policy.logits import LOGIT_BIAS_RANGE
 from grooves.policy.sampling import Completion, SamplingParams
 from grooves.serve import compat
-from grooves.serve.errors import APIError
+from grooves.serve.errors import APIError, sampling_error
 from grooves.serve.routing import AdapterTable, UnknownModel
 from grooves.serve.schemas import (
     ChatRequest,
@@ -292,8 +293,7 @@ async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, promp
     try:
         return sampling.result()
     except Exception as exc:  # this request's own failure; requests batched with it were answered
-        log.error("sampling failed: %s: %s", type(exc).__name__, exc)
-        raise APIError(500, f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
+        raise sampling_error(exc) from exc
 
 
 async def _disconnected(request: Request) -> None:

@@ -664,6 +664,64 @@ def test_models_answer_while_a_prompt_is_being_rendered(policy, monkeypatch):
     assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["tiny"]
 
 
+def blocked_while(target, name: str, monkeypatch):
+    """Make `target.name` wait, once entered, until released (it stands for slow work of that kind);
+    returns (entered, release) events. The real function runs after the wait."""
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(target, name)
+
+    def slow(*args, **kwargs):
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, slow)
+    return entered, release
+
+
+def models_while_a_chat_waits(policy, body: dict, entered, release) -> tuple[httpx.Response, httpx.Response]:
+    """(/v1/models, the chat's response): /v1/models asked while the chat request is held at `entered`."""
+    with http_server(create_app(policy)) as base_url, httpx.Client(base_url=base_url, timeout=60) as http:
+        with ThreadPoolExecutor(1) as pool:
+            chat = pool.submit(http.post, "/chat/completions", json=body)
+            assert entered.wait(30), "the chat request never reached the held step"
+            try:
+                models = httpx.get(base_url + "/models", timeout=5)
+            finally:
+                release.set()
+            return models, chat.result()
+
+
+def test_models_answer_while_a_large_json_schema_compiles(policy, monkeypatch):
+    from grooves.policy.constraints import GrammarCompiler
+
+    entered, release = blocked_while(GrammarCompiler, "compile", monkeypatch)
+    # 400 properties: the compile is held here (5,000 took seconds, all of it on the loop before);
+    # past about 500 optional properties the grammar reaches llguidance's items-per-row limit
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "integer"} for i in range(400)}}
+    body = {
+        **BASE,
+        "seed": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}},
+    }
+    # before: the compile ran on the event loop, which could answer nothing until it ended (timeout)
+    models, chat = models_while_a_chat_waits(policy, body, entered, release)
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["tiny"]
+    assert chat.status_code == 200, chat.text
+
+
+def test_models_answer_while_a_large_body_is_validated(policy, monkeypatch):
+    from grooves.serve.schemas import ChatRequest
+
+    # validating 200,000 messages took 1.6 s on this machine, on the event loop before; here the
+    # validation is held, and the 20,000 messages are then refused as longer than the context
+    entered, release = blocked_while(ChatRequest, "model_validate", monkeypatch)
+    body = {**BASE, "messages": [{"role": "user", "content": "hi"}] * 20_000, "max_tokens": 1}
+    models, chat = models_while_a_chat_waits(policy, body, entered, release)
+    assert models.status_code == 200
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
+
+
 def test_cancelled_rows_leave_the_batch_at_the_next_decode_step(policy):
     prompts = [policy.prompts.render([{"role": "user", "content": q}], None) for q in ("hello", "a story")]
     params = [SamplingParams(n=3, max_tokens=20, seed=1), SamplingParams(n=2, max_tokens=12, seed=2)]

@@ -98,8 +98,10 @@ class RequestGrammar:
     lark: str
     param: str
     """The request field the grammar as a whole comes from."""
-    schemas: tuple[tuple[str, str], ...]
-    """(param, llguidance grammar of that schema alone), checked one by one so an error names its field."""
+    schemas: tuple[tuple[str, str, bool], ...]
+    """(param, llguidance grammar of that schema alone, whether it is strict): a strict one is checked
+    alone first (the whole grammar may hold it leniently), the others when the whole grammar fails,
+    so that an error names its field."""
 
     @property
     def sampling_param(self) -> str:
@@ -275,20 +277,20 @@ def request_grammar(
         multiple = multiple and parallel_tool_calls
         call, parts = _call_schema(tools, indices, key)
         lark = "start: tool_calls\n" + syntax.grammar(call, multiple=multiple, key=key)
-        return RequestGrammar(lark, "tool_choice", tuple((p, _schema_grammar(s)) for p, s in parts))
+        return RequestGrammar(lark, "tool_choice", tuple(_schema_check(p, s) for p, s in parts))
     callable_tools = bool(tools) and tool_choice != "none"
     if fmt is None and not (callable_tools and not parallel_tool_calls):
         return None
     checks, param = [], "parallel_tool_calls"
     if fmt is not None:
         schema, param = fmt
-        checks.append((param, _schema_grammar(schema)))
+        checks.append(_schema_check(param, schema))
         content = _json_rule(schema)
     else:
         content = syntax.text_lexeme()
     if callable_tools:
         call, parts = _call_schema(tools, list(range(len(tools))), key)
-        checks += [(p, _schema_grammar(s)) for p, s in parts]
+        checks += [_schema_check(p, s) for p, s in parts]
         lark = (
             'start: tool_calls | content\ncontent: TEXT | ""\n' + f"TEXT: {content}\n"
             if fmt is None
@@ -300,8 +302,8 @@ def request_grammar(
     return RequestGrammar(lark, param, tuple(checks))
 
 
-def _schema_grammar(schema: dict[str, Any]) -> str:
-    return "start: " + _json_rule(schema)
+def _schema_check(param: str, schema: dict[str, Any]) -> tuple[str, str, bool]:
+    return param, "start: " + _json_rule(schema), not schema["x-guidance"].get("lenient", False)
 
 
 class GrammarCompiler:
@@ -317,10 +319,14 @@ class GrammarCompiler:
         self.limits = llguidance.LLParserLimits(**LIMITS)
 
     def compile(self, grammar: RequestGrammar) -> Constraint:
-        """A `Constraint` for `grammar`; `ConstraintError` naming the request field when llguidance refuses it."""
-        for param, text in grammar.schemas:  # each schema alone first, so the error names its field
-            self._check(text, param)
-        self._check(grammar.lark, grammar.param)
+        """A `Constraint` for `grammar`; `ConstraintError` naming the request field when llguidance refuses it.
+
+        Compiling a large schema takes seconds (5,000 properties: several on this 2-core machine):
+        the server calls this on a worker thread, never on its event loop.
+        """
+        for param, text, strict in grammar.schemas:
+            if strict and text != grammar.lark:  # the whole grammar may hold a strict schema leniently
+                self._check(text, param)
         matcher = self._ll.LLMatcher(
             self.tokenizer,
             self._ll.LLMatcher.grammar_from_lark(grammar.lark),
@@ -328,6 +334,8 @@ class GrammarCompiler:
             limits=self.limits,
         )
         if matcher.is_error():
+            for param, text, _ in grammar.schemas:  # each schema alone, so the error names its field
+                self._check(text, param)
             raise ConstraintError(
                 f"{grammar.param} cannot be enforced: {library_reason(matcher.get_error())}", grammar.param
             )

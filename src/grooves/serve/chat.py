@@ -1,18 +1,22 @@
 """The chat completions endpoints: `/v1/models`, `/v1/models/{id}`, `/v1/chat/completions`, `/health`.
 
 A request is checked (model, limits, content parts, tools, every field against the compatibility
-table of `serve.compat`), its prompt rendered by the policy on a worker thread (a long prompt does
-not stall the event loop), its `response_format` / `tool_choice` / `parallel_tool_calls` compiled
-into a grammar (`policy.constraints`), and it is sampled through the app's `BatchScheduler` with
-the adapter its `model` names, answered whole or streamed (`serve.streaming`). A failure while
-sampling fails only this request (a JSON 500 that leaves the connection open; a grammar that
-reaches a limit while sampling is the request's fault, a 400 naming the field); a request whose
-client disconnects is withdrawn from the sampler at its next decode step.
+table of `serve.compat`), its prompt rendered by the policy, its `response_format` / `tool_choice`
+/ `parallel_tool_calls` compiled into a grammar (`policy.constraints`), and it is sampled through
+the app's `BatchScheduler` with the adapter its `model` names, answered whole or streamed
+(`serve.streaming`). Everything whose cost grows with the request runs on a worker thread, never
+on the event loop, so one large request does not stall the others (`/v1/models` answers while
+it runs): reading the body's JSON and validating it (200,000 messages: seconds), checking tool
+schemas, rendering, compiling a grammar (5,000 properties: seconds), and building the answer. A
+failure while sampling fails only this request (a JSON 500 that leaves the connection open; a
+grammar that reaches a limit while sampling is the request's fault, a 400 naming the field); a
+request whose client disconnects is withdrawn from the sampler at its next decode step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -20,6 +24,8 @@ from typing import Any
 
 import jsonschema
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from grooves.policy.base import ContextOverflow, Policy
 from grooves.policy.batching import BatchScheduler
@@ -92,8 +98,13 @@ def chat_router(
             "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed, "cut": calls.cut},
         }
 
-    @router.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
+    @router.post(
+        "/v1/chat/completions",
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {}}}},
+    )
+    async def chat(request: Request):
+        # the body is read here, parsed and validated on a worker thread (`read_request`)
+        req = await asyncio.to_thread(read_request, await request.body())
         if req.model not in adapters.names():
             raise APIError(
                 404,
@@ -113,37 +124,7 @@ def chat_router(
                 f"limit of {max_request_tokens} per request; lower n or {name}",
                 name,
             )
-        check_content(req.messages)
-        validate_tools(req.tools)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = req.tools if req.tool_choice != "none" else None
-
-        def render() -> list[int]:  # tokenizing a long prompt takes a while: not on the event loop
-            ids = policy.prompts.render(messages, tools)
-            policy.prompts.check_fits(ids, max_tokens)
-            return ids
-
-        try:
-            prompt_ids = await asyncio.to_thread(render)
-        except ContextOverflow as exc:
-            raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
-        except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
-            raise APIError(
-                400, f"messages could not be rendered by the chat template: {exc}", "messages"
-            ) from exc
-        params = SamplingParams(
-            n=req.n,
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            stop=req.stop or [],
-            seed=req.seed,
-            logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
-            frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
-            top_logprobs=req.top_logprobs or 0,
-            constraint=constraint_of(policy, req, tools),
-        )
+        messages, tools, prompt_ids, params = await asyncio.to_thread(prepare, policy, req, max_tokens)
         if req.stream:
             return stream_completion(policy, scheduler, adapters, req, messages, tools, prompt_ids, params)
         try:
@@ -156,11 +137,71 @@ def chat_router(
                 )
         except UnknownModel as exc:  # removed while this request was being rendered
             raise APIError(404, str(exc), "model", "model_not_found") from exc
+        body = await asyncio.to_thread(
+            _response, policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id
+        )
         if meter is not None:
             meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
-        return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
+        return body
 
     return router
+
+
+def read_request(body: bytes) -> ChatRequest:
+    """The request body as a `ChatRequest` (a 400 naming the field, as FastAPI's own validation)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # not JSON, bytes that are no text, nesting past the stack
+        error = getattr(exc, "msg", None) or (
+            "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8, UTF-16 or UTF-32 text"
+        )
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", getattr(exc, "pos", 0)),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": error},
+                }
+            ]
+        ) from None
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+
+
+def prepare(policy: Policy, req: ChatRequest, max_tokens: int):
+    """(messages, tools, prompt ids, sampling params) of a checked request; on a worker thread, since
+    each step grows with the request: checking its parts and tool schemas, rendering, compiling its grammar."""
+    check_content(req.messages)
+    validate_tools(req.tools)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = req.tools if req.tool_choice != "none" else None
+    try:
+        prompt_ids = policy.prompts.render(messages, tools)
+        policy.prompts.check_fits(prompt_ids, max_tokens)
+    except ContextOverflow as exc:
+        raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
+    except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
+        raise APIError(
+            400, f"messages could not be rendered by the chat template: {exc}", "messages"
+        ) from exc
+    params = SamplingParams(
+        n=req.n,
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        stop=req.stop or [],
+        seed=req.seed,
+        logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        top_logprobs=req.top_logprobs or 0,
+        constraint=constraint_of(policy, req, tools),
+    )
+    return messages, tools, prompt_ids, params
 
 
 def validate_tools(tools: list[dict[str, Any]] | None) -> None:

@@ -248,7 +248,7 @@ def stream_completion(
         for i in range(req.n)
     ]
 
-    def step_deltas(step: list[TokenEvent], route, version) -> list[dict[str, Any]]:
+    async def step_deltas(step: list[TokenEvent], route, version) -> list[dict[str, Any]]:
         deltas = []
         for event in step:
             choice = choices[event.index]
@@ -267,7 +267,9 @@ def stream_completion(
             prompts.parse(
                 event.completion.text, tools, cut=cut
             )  # counted and logged as an unstreamed answer is
-            prompts.remember(messages, tools, choice.message(), prompt_ids, event.completion)
+            await asyncio.to_thread(
+                prompts.remember, messages, tools, choice.message(), prompt_ids, event.completion
+            )
         return deltas
 
     async def events():
@@ -284,7 +286,7 @@ def stream_completion(
                     raise sampling_error(sampling.exception())
                 yield writer.chunk([c.first() for c in choices])
                 while step is not None:
-                    deltas = step_deltas(step, route, version)
+                    deltas = await step_deltas(step, route, version)
                     if deltas:
                         yield writer.chunks(deltas)
                     step = await queue.get()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -433,7 +434,9 @@ BAD_REQUESTS = {
         None,
     ),
     "a field OpenAI does not have": ({**BASE, "temprature": 0.5}, 400, "temprature", None),
-    "a field this server refuses": ({**BASE, "user": "alice"}, 400, "user", None),
+    "a field this server refuses": ({**BASE, "safety_identifier": "alice"}, 400, "safety_identifier", None),
+    "user not a string": ({**BASE, "user": 42}, 400, "user", None),
+    "user past 256 characters": ({**BASE, "user": "u" * 257}, 400, "user", None),
     "reasoning_effort": ({**BASE, "reasoning_effort": "high"}, 400, "reasoning_effort", None),
     "store true": ({**BASE, "store": True}, 400, "store", None),
 }
@@ -720,6 +723,34 @@ def test_models_answer_while_a_large_body_is_validated(policy, monkeypatch):
     models, chat = models_while_a_chat_waits(policy, body, entered, release)
     assert models.status_code == 200
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_user_is_accepted_and_logged_with_its_request(policy, caplog):
+    with http_server(create_app(policy)) as base_url, caplog.at_level(logging.INFO, logger="grooves.server"):
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        # before: a 400, "user is not supported by this server"
+        whole = client.chat.completions.create(
+            model="tiny", messages=BASE["messages"], max_tokens=3, temperature=0, user="alice@example.com"
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=BASE["messages"],
+                max_tokens=3,
+                temperature=0,
+                user="bob",
+                n=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    prompt = whole.usage.prompt_tokens
+    assert [r.getMessage() for r in caplog.records if r.name == "grooves.server"] == [
+        f'chat completion model="tiny" user="alice@example.com" n=1 prompt_tokens={prompt} '
+        f"completion_tokens={whole.usage.completion_tokens} finish={whole.choices[0].finish_reason}",
+        f'chat completion model="tiny" user="bob" n=2 prompt_tokens={prompt} '
+        f"completion_tokens={chunks[-1].usage.completion_tokens} finish=length,length",
+    ]
 
 
 def test_cancelled_rows_leave_the_batch_at_the_next_decode_step(policy):

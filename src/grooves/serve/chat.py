@@ -10,7 +10,8 @@ it runs): reading the body's JSON and validating it (200,000 messages: seconds),
 schemas, rendering, compiling a grammar (5,000 properties: seconds), and building the answer. A
 failure while sampling fails only this request (a JSON 500 that leaves the connection open; a
 grammar that reaches a limit while sampling is the request's fault, a 400 naming the field); a
-request whose client disconnects is withdrawn from the sampler at its next decode step.
+request whose client disconnects is withdrawn from the sampler at its next decode step. Each
+answered request is logged on the `grooves.server` logger with its `user`, when it sends one.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from grooves.serve.schemas import (
     Message,
     choice_body,
     completion_body,
+    log_answer,
     logprobs_block,
 )
 from grooves.serve.streaming import stream_completion
@@ -142,6 +144,11 @@ def chat_router(
         )
         if meter is not None:
             meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
+        log_answer(
+            req,
+            len(prompt_ids),
+            [(c, ch["finish_reason"]) for c, ch in zip(completions, body["choices"], strict=True)],
+        )
         return body
 
     return router

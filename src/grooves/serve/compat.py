@@ -78,7 +78,9 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "stream_options": FieldSupport("limited", "`include_usage` only, with `stream: true`"),
     "store": _refused("nothing is stored; false is accepted", False),
     "metadata": _refused("only meaningful with `store`"),
-    "user": _refused("grooves keeps no per-user records"),
+    "user": FieldSupport(
+        "supported", "a string of at most 256 characters, recorded in the server's log line of the request"
+    ),
     "safety_identifier": _refused("grooves keeps no per-user records"),
     "prompt_cache_key": _refused("no prompt cache to route"),
     "prompt_cache_retention": _refused("no prompt cache"),

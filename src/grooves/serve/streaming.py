@@ -51,7 +51,7 @@ from grooves.policy.text_stream import TextStream
 from grooves.policy.tool_calls import CallStream, CallSyntax, ParsedOutput
 from grooves.serve.errors import APIError, error_body, sampling_error
 from grooves.serve.routing import AdapterTable, UnknownModel
-from grooves.serve.schemas import ChatRequest, logprobs_block, token_record, usage_body
+from grooves.serve.schemas import ChatRequest, log_answer, logprobs_block, token_record, usage_body
 
 log = logging.getLogger("grooves.server")
 
@@ -247,6 +247,8 @@ def stream_completion(
         )
         for i in range(req.n)
     ]
+    finished: dict[int, tuple[Completion, str]] = {}
+    """Choice index -> (its completion, the finish reason sent), for the request's log line."""
 
     async def step_deltas(step: list[TokenEvent], route, version) -> list[dict[str, Any]]:
         deltas = []
@@ -262,7 +264,9 @@ def stream_completion(
                 adapter_id=route.adapter_id,
                 temperature=req.temperature,
             )
-            deltas += choice.finish(event.completion, record)[0]
+            last = choice.finish(event.completion, record)[0]
+            deltas += last
+            finished[event.index] = (event.completion, last[-1]["finish_reason"])
             cut = event.completion.finish_reason == "length"
             prompts.parse(
                 event.completion.text, tools, cut=cut
@@ -301,6 +305,7 @@ def stream_completion(
                         usage_body(len(prompt_ids), sum(len(c.token_ids) for c in completions))
                     )
                 yield sse("[DONE]")
+                log_answer(req, len(prompt_ids), [finished[i] for i in sorted(finished)])
         except UnknownModel as exc:  # removed after the request was checked, before the stream began
             raise APIError(404, str(exc), "model", "model_not_found") from exc
         finally:

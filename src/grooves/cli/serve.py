@@ -13,7 +13,7 @@ import signal
 import typer
 from rich.console import Console
 
-from grooves.models import DEFAULT_MODEL, ModelError
+from grooves.models import DEFAULT_MODEL, ModelError, served_name_of
 from grooves.service.validate import MAX_SEQUENCE_TOKENS, MAX_STEP_TOKENS, MAX_STEP_TRAJECTORIES, StepLimits
 
 console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
@@ -66,7 +66,9 @@ def serve_command(
         None, "--max-body-bytes", min=1, help="Largest request body; default 8 MiB (8388608)."
     ),
     served_name: str | None = typer.Option(
-        None, "--served-name", help="Model name clients send; default: the --model value."
+        None,
+        "--served-name",
+        help="Model name clients send; default: the --model alias or hub id, or a directory's own name (its last part).",
     ),
     device: str = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps."),
     dtype: str = typer.Option(
@@ -120,8 +122,9 @@ def serve_command(
     from grooves.serve.routing import AdapterTable
 
     api_key = api_key or None  # GROOVES_API_KEY="" sets no key
+    served_name = served_name or served_name_of(model)  # a name, never the operator's path
     try:
-        own, named = parse_adapter_options(adapter, served_name or model)
+        own, named = parse_adapter_options(adapter, served_name)
         if api_key and api_keys:
             raise ValueError("--api-key and --api-keys: pass one of them (a keys file can hold one key)")
         if train and admin:
@@ -166,7 +169,7 @@ def serve_command(
         return
     try:
         policy = TransformersPolicy(
-            model, adapter_path=own, served_name=served_name or model, device=device, dtype=dtype
+            model, adapter_path=own, served_name=served_name, device=device, dtype=dtype
         )
     except ModelError as exc:
         raise _fail(str(exc)) from exc

@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from grooves.policy.constraints import GrammarFailed
-
 log = logging.getLogger("grooves.server")
 
 
@@ -37,6 +35,8 @@ def error_body(
 def sampling_error(exc: BaseException) -> APIError:
     """A request's failure while it was sampled: a grammar that reached a limit is the request's own
     (a 400 naming the field); anything else is the server's (a 500). Logged either way."""
+    from grooves.policy.constraints import GrammarFailed  # torch: not for the commands that only name errors
+
     if isinstance(exc, GrammarFailed):
         log.warning("request refused while sampling: %s", exc)
         return APIError(400, str(exc), exc.param)

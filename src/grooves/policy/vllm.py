@@ -356,7 +356,12 @@ class VLLMPolicy:
     ):
         own_rank = adapter_rank(Path(adapter_path) / "adapter_config.json") if adapter_path else None
         rank = lora.rank if lora is not None else own_rank
-        problems = vllm_problems(dtype=dtype, lora_rank=rank, sleep_level=sleep_level)
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(resolve_model(base_model))  # config.json only
+        problems = vllm_problems(
+            dtype=dtype, lora_rank=rank, sleep_level=sleep_level, model_config=model_config
+        )
         if problems:  # before any weights load
             raise (ImportError if VLLM_MISSING in problems else ConfigError)("\n".join(problems))
         from vllm import LLM

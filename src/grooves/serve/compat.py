@@ -40,7 +40,7 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "tool_choice": FieldSupport(
         "limited",
         '"none", "auto", "required", or a named function; a forced call is enforced by a grammar'
-        " (a 400 on the vLLM backend)",
+        " (on the vLLM backend, vLLM's own llguidance)",
     ),
     "parallel_tool_calls": FieldSupport(
         "limited",
@@ -65,8 +65,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "frequency_penalty": FieldSupport("supported", "-2 to 2, OpenAI's formula"),
     "response_format": FieldSupport(
         "limited",
-        "text, json_object, json_schema (strict or not), enforced by a grammar (a 400 on the vLLM backend);"
-        " output cut at max_tokens is a prefix",
+        "text, json_object, json_schema (strict or not), enforced by a grammar (on the vLLM backend, vLLM's"
+        " own llguidance); output cut at max_tokens is a prefix",
     ),
     "stream": FieldSupport("supported", "server-sent `chat.completion.chunk` events, then `[DONE]`"),
     "stream_options": FieldSupport("limited", "`include_usage` only, with `stream: true`"),

@@ -277,3 +277,22 @@ def test_several_adapters_are_served_and_promotion_switches_the_weights(policy, 
     extra = own[0].model_extra
     expected = forward_logprobs(policy.model, extra["prompt_token_ids"], extra["token_ids"])
     assert (torch.tensor(extra["sampled_logprobs"]) - expected).abs().max().item() < 1e-4
+
+
+@pytest.mark.slow
+def test_smollm2_answers_on_vllm_and_its_logprobs_are_the_trainers():
+    """The real SmolLM2-135M (`make test-vllm-slow`): a sampling-only policy, greedy and sampled."""
+    from grooves.models import ensure_model
+    from grooves.policy.vllm import VLLMPolicy
+
+    base = ensure_model()
+    policy = VLLMPolicy(str(base), lora=None, dtype="float32", device="cpu", served_name="smollm2")
+    try:
+        prompt = prompt_of(policy, "What is the capital of France?")
+        greedy = policy.generate([prompt], [SamplingParams(max_tokens=24, temperature=0.0)])[0][0]
+        assert "Paris" in greedy.text, greedy.text
+        sampled = policy.generate([prompt], [SamplingParams(n=4, max_tokens=24, temperature=1.0, seed=0)])[0]
+    finally:
+        policy.close()
+    model, _ = load_model(str(base))
+    assert max_gap(model, prompt, sampled) < 1e-4

@@ -17,7 +17,8 @@ def check_against_model(config: RunConfig) -> None:
     From the model's config.json alone (and a weightless copy of the model on the `meta` device):
     `rollout.max_tokens` must leave room for a prompt in the model's context, each name in
     `lora.target_modules` must be a layer of the model (peft ignores a misspelt one when another
-    matches), and `model.device` must be one torch sees. Raises `ConfigError`, one line per
+    matches), `model.device` must be one torch sees, and with `model.backend = "vllm"` vLLM must
+    be able to start as configured (`vllm_problems`). Raises `ConfigError`, one line per
     problem. A model whose config cannot be read here (a hub id while offline, remote code) is left
     to the loader, which reports its own error.
     """

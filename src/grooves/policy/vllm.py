@@ -332,6 +332,19 @@ def replay_tokens(completions: list[Completion], on_tokens: Callable[[list[Token
         on_tokens(events)
 
 
+def check_engine_can_start(base_model: str, *, dtype: str, lora_rank: int | None, sleep_level: int) -> None:
+    """Raise before anything loads, one line per setting vLLM cannot start with (`vllm_problems`):
+    `ImportError` when vLLM is missing, else `ConfigError`. Reads only the model's config.json."""
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(resolve_model(base_model))
+    problems = vllm_problems(
+        dtype=dtype, lora_rank=lora_rank, sleep_level=sleep_level, model_config=model_config
+    )
+    if problems:
+        raise (ImportError if VLLM_MISSING in problems else ConfigError)("\n".join(problems))
+
+
 class VLLMPolicy:
     """A `Policy` that samples with vLLM and trains the peft model (see the module docstring)."""
 
@@ -356,14 +369,7 @@ class VLLMPolicy:
     ):
         own_rank = adapter_rank(Path(adapter_path) / "adapter_config.json") if adapter_path else None
         rank = lora.rank if lora is not None else own_rank
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(resolve_model(base_model))  # config.json only
-        problems = vllm_problems(
-            dtype=dtype, lora_rank=rank, sleep_level=sleep_level, model_config=model_config
-        )
-        if problems:  # before any weights load
-            raise (ImportError if VLLM_MISSING in problems else ConfigError)("\n".join(problems))
+        check_engine_can_start(base_model, dtype=dtype, lora_rank=rank, sleep_level=sleep_level)
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -405,14 +411,18 @@ class VLLMPolicy:
             **engine_memory(kv_cache_gib, gpu_memory_utilization, current_platform.is_cpu()),
         )
         self._asleep = False
-        publisher = None
-        own = None
+        self.adapters = self._adapters(adapter_dir, adapter_path)
+
+    def _adapters(self, adapter_dir: str | Path | None, adapter_path: str | Path | None) -> VllmAdapters:
+        """A trainable policy publishes every version of its adapter (into `adapter_dir`, a new
+        temporary folder if None); a sampling-only one serves the base or its fixed `adapter_path`."""
+        publisher = own = None
         if self.trainable:
             folder = adapter_dir or tempfile.mkdtemp(prefix="grooves-vllm-adapters-")
             publisher = AdapterPublisher(folder, self.served_name)
         elif adapter_path is not None:
             own = AdapterRef(f"{self.served_name}@own", 1, str(adapter_path), 0)
-        self.adapters = VllmAdapters(
+        return VllmAdapters(
             publisher, self.model, self.lock, self.wake_up, max_rank=self.max_lora_rank, own=own
         )
 

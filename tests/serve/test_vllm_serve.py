@@ -54,14 +54,30 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    """`grooves serve --backend vllm` in its own process group; yields its /v1 URL."""
+def adapter(model_dir, tmp_path_factory):
+    """A rank-4 adapter of the tiny model with random B, saved by peft: the served model's own."""
+    from grooves.config import LoraConfig
+
+    model, _ = load_model(str(model_dir), lora=LoraConfig(rank=4, alpha=8))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    folder = tmp_path_factory.mktemp("own-adapter")
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, adapter, tmp_path_factory):
+    """`grooves serve --backend vllm --adapter ADAPTER` in its own process group; yields its /v1 URL."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grooves", "serve", "--backend", "vllm", "--model", str(model_dir)]
-            + ["--served-name", "tiny", "--port", str(port)],
+            + ["--adapter", str(adapter), "--served-name", "tiny", "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -98,8 +114,9 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def base_model(model_dir):
-    return load_model(str(model_dir))[0]
+def served_model(model_dir, adapter):
+    """The served weights in transformers: the base with the adapter."""
+    return load_model(str(model_dir), adapter_path=adapter)[0]
 
 
 def forward_logprobs(model, prompt, tokens, temperature=1.0):
@@ -110,7 +127,7 @@ def forward_logprobs(model, prompt, tokens, temperature=1.0):
     return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
-def test_samples_carry_ids_and_logprobs_of_the_served_model_and_seeds_repeat(server, base_model):
+def test_samples_carry_ids_and_logprobs_of_the_served_model_and_seeds_repeat(server, served_model, model_dir):
     client = OpenAI(base_url=server, api_key="x")
     ask = dict(model="tiny", messages=HELLO, n=4, max_tokens=16, temperature=0.8, seed=7, logprobs=True)
     first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
@@ -119,10 +136,14 @@ def test_samples_carry_ids_and_logprobs_of_the_served_model_and_seeds_repeat(ser
     assert [c.model_extra["token_ids"] for c in again.choices] == ids  # the same seed, the same samples
     for c in first.choices:
         extra = c.model_extra
-        expected = forward_logprobs(base_model, extra["prompt_token_ids"], extra["token_ids"], 0.8)
+        expected = forward_logprobs(served_model, extra["prompt_token_ids"], extra["token_ids"], 0.8)
         assert (torch.tensor(extra["sampled_logprobs"]) - expected).abs().max().item() < 1e-4
         assert [t.logprob for t in c.logprobs.content] == pytest.approx(extra["sampled_logprobs"])
         assert extra["adapter_version"] == 0 and extra["adapter_id"] is None
+    base = load_model(str(model_dir))[0]  # the adapter is applied: the base alone gives other logprobs
+    extra = first.choices[0].model_extra
+    without = forward_logprobs(base, extra["prompt_token_ids"], extra["token_ids"], 0.8)
+    assert (torch.tensor(extra["sampled_logprobs"]) - without).abs().max().item() > 0.01
     other = client.chat.completions.create(**(ask | {"seed": 8}))
     assert [c.model_extra["token_ids"] for c in other.choices] != ids
 
@@ -158,7 +179,12 @@ def test_tool_calls_and_json_schemas_are_enforced_and_parsed(server):
         assert [t.function.name for t in c.message.tool_calls] and all(
             set(json.loads(t.function.arguments)) == {"city"} for t in c.message.tool_calls
         )
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     shaped = client.chat.completions.create(
         model="tiny",
         messages=HELLO,
@@ -166,6 +192,7 @@ def test_tool_calls_and_json_schemas_are_enforced_and_parsed(server):
         seed=2,
         response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
     )
+    assert shaped.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(shaped.choices[0].message.content)["ok"], bool)
 
 

@@ -101,16 +101,22 @@ def build_tiny_model_dir(
     return path
 
 
-def lora_policy(model_dir, **kwargs):
-    """A `TransformersPolicy` on `model_dir` with a rank-4 LoRA adapter whose B is drawn nonzero
-    (peft starts it at zero, where the adapter would change nothing), the same adapter each call."""
+def lora_policy(model_dir, targets=None, **kwargs):
+    """A `TransformersPolicy` on `model_dir` with a rank-4 LoRA adapter (on `targets`, default all
+    seven projections) whose B is drawn nonzero (peft starts it at zero, where the adapter would
+    change nothing), the same adapter each call."""
     import torch
 
     from grooves.config import LoraConfig
     from grooves.policy.transformers import TransformersPolicy
 
+    lora = (
+        LoraConfig(rank=4, alpha=8)
+        if targets is None
+        else LoraConfig(rank=4, alpha=8, target_modules=targets)
+    )
     torch.manual_seed(0)  # peft draws lora_A from torch's global generator
-    policy = TransformersPolicy(str(model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, **kwargs)
+    policy = TransformersPolicy(str(model_dir), lora=lora, seed=0, **kwargs)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in policy.model.named_parameters():

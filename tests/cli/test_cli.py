@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -79,6 +80,83 @@ def test_a_bad_run_file_gives_one_line_naming_the_field(weightless_model, tmp_pa
     assert not (tmp_path / "run" / "config.toml").exists()
 
 
+NOT_A_TASK = (
+    "not a task: name a Task instance, a class with scenarios(split) and async rollout(model, scenario), "
+    "or a function of yours that returns one"
+)
+NOT_TASKS = """
+import subprocess
+from os import system
+
+from numpy import zeros
+
+run = subprocess.run
+SETTINGS = {"vocab_size": 487}
+
+
+class Plain:
+    def __init__(self, path=None):
+        open(path, "w").close()
+"""
+
+
+@pytest.mark.parametrize(
+    "task,options,what",
+    [
+        ("os:system", 'command = "touch {marker}"', "'os:system': os is Python's standard library"),
+        (
+            "builtins:exec",
+            "source = \"open({marker!r}, 'w')\"",
+            "'builtins:exec': builtins is Python's standard library",
+        ),
+        (
+            "not_tasks:system",
+            'command = "touch {marker}"',
+            "'not_tasks:system' is system from Python's standard library (posix)",
+        ),
+        (
+            "not_tasks:run",
+            'args = "touch {marker}"\nshell = true',
+            "'not_tasks:run' is run from Python's standard library (subprocess)",
+        ),
+        ("not_tasks:zeros", "shape = 3", "'not_tasks:zeros' is zeros, a function written in C (numpy)"),
+        (
+            "not_tasks:Plain",
+            'path = "{marker}"',
+            "'not_tasks:Plain' is the class Plain, which has no scenarios and no rollout",
+        ),
+        ("not_tasks:SETTINGS", "", "'not_tasks:SETTINGS' is a dict"),
+    ],
+)
+def test_a_task_that_cannot_be_one_is_refused_before_it_is_called(
+    weightless_model, tmp_path, monkeypatch, task, options, what
+):
+    """A run file is code, but a slip such as `task = "os:system"` must not run its options."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    marker = tmp_path / "ran"
+    (tmp_path / "not_tasks.py").write_text(NOT_TASKS)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        f'task = "{task}"\noutput_dir = "{tmp_path / "run"}"\n[task_options]\n'
+        + options.format(marker=str(marker))
+        + "\n"
+    )
+    result = CliRunner().invoke(
+        app, ["train", str(run_file), "--set", f"model.base_model={weightless_model}"]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"{run_file}: task: {what}, {NOT_A_TASK}\n"
+    assert not marker.exists()  # nothing was called
+
+    option = ["--option", options.format(marker=str(marker))] if options else []
+    result = CliRunner().invoke(
+        app, ["eval", str(weightless_model), "--task", task, *option]
+    )  # the same for eval
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == f"grooves eval: --task: {what}, {NOT_A_TASK}"
+    assert not marker.exists()
+
+
 def test_a_run_folder_that_holds_a_run_is_refused_in_one_line(tmp_path):
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'output_dir = "{tmp_path / "run"}"\n')
@@ -95,7 +173,6 @@ def test_a_run_folder_that_holds_a_run_is_refused_in_one_line(tmp_path):
 
 # ---- what a first task written from the README runs into --------------------------------------------
 import re  # noqa: E402
-import sys  # noqa: E402
 import tomllib  # noqa: E402
 from pathlib import Path  # noqa: E402
 

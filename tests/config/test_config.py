@@ -122,6 +122,20 @@ def test_the_tool_formats_the_config_allows_are_the_ones_that_exist():
     assert sorted(get_args(ToolFormats)) == sorted(TOOL_FORMATS)
 
 
+def test_a_learning_rate_past_1_is_refused_in_rl_and_sft_run_files():
+    from grooves.config import parse_sft_config
+
+    expected = (
+        "optim.lr: must be at most 1 (AdamW moves each weight by about lr a step; "
+        "LoRA learns at 1e-5..1e-3) (got 1e+30)"
+    )
+    assert _error({"optim": {"lr": 1e30}}) == expected
+    with pytest.raises(ConfigError) as info:
+        parse_sft_config({"data": "chats.jsonl", "optim": {"lr": 1e30}})
+    assert str(info.value) == expected
+    assert parse_config({"optim": {"lr": 1.0}}).optim.lr == 1.0  # the bound itself is allowed
+
+
 def test_a_check_across_fields_is_one_line_without_the_input():
     assert (
         _error({"tasks": []}) == "tasks is empty; list at least one {task = ..., weight = ...} or use `task`"

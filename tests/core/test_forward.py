@@ -305,3 +305,16 @@ def test_bfloat16_logits_get_a_bfloat16_gradient_summed_in_float32():
     assert lp.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
     assert torch.allclose(lp, expected.detach(), atol=1e-5)
     assert torch.allclose(logits.grad.float(), exact.grad, atol=1e-2)  # one rounding to bfloat16
+
+
+def test_entropy_of_peaked_rows_matches_a_float64_reference():
+    # logits ~ N(0, 30^2) at T = 0.7: most rows put nearly all mass on one token, where
+    # logsumexp(z) - sum p z cancels two numbers near max(z) ~ 150 and keeps float32's error of them
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 1000, generator=g) * 30  # [M, V]
+    temps = torch.full((64,), 0.7)
+    pred = torch.arange(64)
+    _, entropy = target_logprobs(logits, pred, torch.zeros(64, dtype=torch.long), temps)
+    z = logits.double() / 0.7
+    reference = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)  # [M]
+    assert (entropy.double() - reference).abs().max() < 1e-5

@@ -452,3 +452,52 @@ def test_the_loss_built_with_tis_cap_applies_it_and_a_cap_below_one_is_refused()
         AlgorithmConfig(tis_cap=0.5)
     with pytest.raises(ValueError, match="tis_cap=0.5"):
         _tis_loss(lp, lp_sampler, adv, mask, seq_ids, tis_cap=0.5)
+
+
+def test_stale_tokens_under_tis_take_the_trainers_old_logprobs_for_the_weight_and_the_clipped_ratio():
+    """Yao et al.: w = min(pi_old_tr / pi_sampler, C) with pi_old_tr the trainer's policy at the
+    version that sampled the token, and rho = pi / pi_old_tr clipped as PPO's."""
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    sampler = torch.tensor([[-1.2, -1.5, -0.5]])
+    train_old = torch.tensor([[-1.5, -2.0, -0.4]])  # the trainer's, under the sampling version
+    adv, mask, seq_ids = (
+        torch.tensor([[1.0, 1.0, -1.0]]),
+        torch.ones(1, 3, dtype=torch.bool),
+        torch.zeros(1, 3),
+    )
+    loss, stats = compute_loss(
+        lp,
+        sampler,
+        adv,
+        mask,
+        seq_ids.long(),
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.2,
+        aggregation="token_mean",
+        max_completion_tokens=3,
+        tis_cap=2.0,
+        lp_train_old=train_old,
+    )
+    loss.backward()
+    w = [math.exp(-0.3), math.exp(-0.5), math.exp(0.1)]  # min(exp(train_old - sampler), 2)
+    # rho = e^0.5 (A > 0: clipped at 1.2, no gradient), e^0 = 1, e^-0.1 (inside the clip range)
+    per_token = [-w[0] * 1.2, -w[1] * 1.0, w[2] * math.exp(-0.1)]
+    assert loss.item() == pytest.approx(sum(per_token) / 3, rel=1e-6)
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, -w[1] / 3, w[2] * math.exp(-0.1) / 3]]))
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+    assert stats["tis_weight_mean"] == pytest.approx(sum(w) / 3, rel=1e-6)
+    with pytest.raises(ValueError, match="lp_train_old is the old policy of truncated importance sampling"):
+        compute_loss(
+            lp,
+            sampler,
+            adv,
+            mask,
+            seq_ids.long(),
+            policy_loss="ppo",
+            eps_low=0.2,
+            eps_high=0.2,
+            aggregation="token_mean",
+            max_completion_tokens=3,
+            lp_train_old=train_old,
+        )

@@ -75,6 +75,32 @@ def test_an_mcp_servers_tools_are_the_models_tools_and_the_task_grades(tmp_path)
         env.close()
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ("[" * 4000 + "]" * 4000, "arguments are nested too deeply to parse"),  # under the size limit
+        ('{"text": ' + "7" * 5000 + "}", "Exceeds the limit (4300 digits)"),  # Python's int-digit limit
+    ],
+)
+def test_hostile_mcp_arguments_are_tool_errors_and_the_episode_goes_on(arguments, message):
+    env = make_env(NOTES_SERVER)
+    try:
+        episode = env.reset(env.scenarios("train")[0])
+        try:
+            call = {"id": "c1", "function": {"name": "add_note", "arguments": arguments}}
+            reply = episode.step(call)
+            assert reply["role"] == "tool" and reply["tool_call_id"] == "c1"
+            error = json.loads(reply["content"])
+            assert error["error"] == "invalid_json" and message in error["message"]
+            ok = episode.step({"id": "c2", "function": {"name": "add_note", "arguments": '{"text": "x"}'}})
+            assert ok["content"] == "saved note 1"
+            assert episode.metrics()["tool_calls"] == 2 and episode.metrics()["tool_errors"] == 1
+        finally:
+            episode.close()
+    finally:
+        env.close()
+
+
 def test_concurrent_mcp_episodes_do_not_share_server_state():
     env = make_env(NOTES_SERVER)
     try:

@@ -322,6 +322,40 @@ def test_restore_over_http_checks_schema_size_and_streamed_body():
         remote.close()
 
 
+def test_an_empty_body_is_a_4xx_naming_it_on_every_route_that_takes_one(tracker_url):
+    with httpx.Client(base_url=tracker_url) as http:
+        scenario = http.get("/scenarios").json()[0]
+        sid = http.post("/sessions", json={"scenario": scenario}).json()["session_id"]
+        snap = http.get(f"/sessions/{sid}/snapshot").content
+        empty = http.put(f"/sessions/{sid}/snapshot", content=b"")
+        assert empty.status_code == 400
+        assert empty.json() == {
+            "error": "refused",
+            "detail": "the request body is empty: PUT the bytes that GET /sessions/ID/snapshot returned",
+        }
+        for path in (
+            "/sessions",
+            f"/sessions/{sid}/reset",
+            f"/sessions/{sid}/step",
+            f"/sessions/{sid}/grade",
+        ):
+            resp = http.post(path, content=b"", headers={"content-type": "application/json"})
+            problem = resp.json()["detail"][0]
+            assert resp.status_code == 422 and problem["loc"] == ["body"] and problem["type"] == "missing"
+        assert http.get(f"/sessions/{sid}/snapshot").content == snap  # the session is untouched
+        http.delete(f"/sessions/{sid}")
+
+
+def test_restoring_an_empty_snapshot_locally_is_a_value_error():
+    env = get_env("issue_tracker")
+    episode = env.reset(env.scenarios("train")[0])
+    snap = episode.snapshot()
+    with pytest.raises(ValueError, match="not a snapshot of a issue_tracker episode: it is empty"):
+        episode.restore(b"")
+    assert episode.snapshot() == snap
+    episode.close()
+
+
 def test_a_malformed_tool_call_over_http_is_a_tool_error(tracker_url):
     with httpx.Client(base_url=tracker_url) as http:
         scenario = http.get("/scenarios").json()[0]

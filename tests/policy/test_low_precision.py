@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grooves.config import ConfigError, RunConfig, check_against_model
+from grooves.config.check import cpu_packs_bfloat16
 from grooves.policy.fast import FastPaths
 from grooves.policy.fast.kernels import (
     LowPrecisionKernels,
@@ -32,6 +33,19 @@ def _prompts(policy) -> list[list[int]]:
     texts = ["hi", "a much longer question about the weather in Paris today"]  # left-padded batch
     return [policy.prompts.render([{"role": "user", "content": t}], None) for t in texts]
 
+
+PRECISIONS = [
+    "int8",
+    pytest.param(
+        "bfloat16",
+        marks=pytest.mark.skipif(
+            not cpu_packs_bfloat16(),
+            reason="oneDNN packs bfloat16 weights only on AVX512 or AVX-NE-CONVERT CPUs",
+        ),
+    ),
+]
+"""The sampler precisions this CPU runs (`test_bfloat16_on_a_cpu_without_it_is_refused_with_one_line`
+covers the other case)."""
 
 PARAMS = [SamplingParams(n=3, max_tokens=9, seed=5), SamplingParams(n=2, max_tokens=15, seed=9)]
 
@@ -142,7 +156,7 @@ def test_quantize_rows_is_symmetric_per_output_row():
     assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2
 
 
-@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_low_precision_layer_is_its_rounded_base_plus_the_float32_adapter(model_dir, precision):
     policy = lora_policy(model_dir, sampler_precision=precision)
     layer = policy.model.get_base_model().model.layers[0].self_attn.q_proj  # a peft LoRA layer
@@ -168,7 +182,7 @@ def test_a_low_precision_layer_is_its_rounded_base_plus_the_float32_adapter(mode
     assert not torch.allclose(y, full, atol=1e-6)  # a different function than the trainer's
 
 
-@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_low_precision_sampler_samples_near_the_trainer_and_follows_the_adapter(model_dir, precision):
     policy = lora_policy(model_dir, sampler_precision=precision)
     assert policy.sampler.fast.merged is None  # no folded float32 copy: the adapter runs on top
@@ -232,4 +246,18 @@ def test_the_run_file_check_names_sampler_precision_before_the_weights_load(tmp_
         check_against_model(off)
     check_against_model(
         RunConfig.model_validate({"model": {"base_model": str(llama), "sampler_precision": "int8"}})
+    )
+
+
+def test_bfloat16_on_a_cpu_without_it_is_refused_with_one_line(tmp_path):
+    llama = build_tiny_model_dir(tmp_path / "llama")
+    config = RunConfig.model_validate({"model": {"base_model": str(llama), "sampler_precision": "bfloat16"}})
+    if cpu_packs_bfloat16():
+        check_against_model(config)  # this CPU runs it
+        return
+    with pytest.raises(ConfigError) as err:
+        check_against_model(config)
+    assert str(err.value) == (
+        'model.sampler_precision: "bfloat16": it needs oneDNN\'s bfloat16 weights, which need a CPU with AVX512 '
+        '(bw, vl, dq) or AVX-NE-CONVERT, and this one has neither; use "float32"'
     )

@@ -147,3 +147,30 @@ def test_without_packed_folds_training_runs_peft_s_layers_through_addmm(wide_mod
     with policy.training_phase():
         _forward_backward(policy.model.train(), torch.tensor([[3, 5, 7]]))
     assert counted.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("targets", "groups"),
+    [
+        (["q_proj", "k_proj", "v_proj", "o_proj"], 2),  # q/k/v and o; gate/up and down have no adapter
+        (["q_proj", "v_proj"], 1),  # q/k/v with k at rank 0
+        (["gate_proj", "up_proj", "down_proj"], 2),
+    ],
+    ids=["attention", "q-v", "mlp"],
+)
+def test_layers_of_a_group_that_lora_leaves_out_run_in_it_at_rank_zero(
+    wide_model_dir, targets, groups, monkeypatch
+):
+    policy = lora_policy(wide_model_dir, targets=targets)
+    model = policy.model
+    _sample(policy)
+    counted = _Count(monkeypatch)
+    ids = torch.randint(0, 400, (2, 11), generator=torch.Generator().manual_seed(0))
+    logits, grads = _forward_backward(model.train(), ids)  # peft's layers
+    with policy.training_phase():
+        folded_logits, folded_grads = _forward_backward(model, ids)
+    assert counted.calls == groups * 2  # each group holding an adapter: one matmul, in each of 2 blocks
+    assert torch.allclose(folded_logits, logits, atol=1e-5)
+    assert sorted(folded_grads) == sorted(grads) and len(grads) == 2 * len(targets) * 2  # A and B, 2 blocks
+    for name, g in grads.items():
+        assert (folded_grads[name] - g).abs().max() <= 1e-5 * g.abs().max(), name

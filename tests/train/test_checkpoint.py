@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import random
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +23,7 @@ from grooves.train.checkpoint import (
     checkpoint_problem,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
 )
 
@@ -153,6 +160,132 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(trainee,
         and "step_000003: adapter" in message
         and "\n" not in message
     )
+
+
+def test_a_damaged_file_the_manifest_leaves_out_is_found_and_the_previous_checkpoint_used(trainee, tmp_path):
+    one, two, three = _three(trainee, tmp_path)
+    manifest = json.loads((three / "manifest.json").read_text())
+    del manifest["files"]["adapter/adapter_model.safetensors"]  # listed nowhere, so never checked...
+    (three / "manifest.json").write_text(json.dumps(manifest))
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)  # ...and damaged
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path, warn=said.append) == two
+    assert said == [
+        f"checkpoint {three} is damaged (adapter/adapter_model.safetensors not listed in manifest.json); "
+        "falling back to step_000002"
+    ]
+    (two / "stray.bin").write_bytes(b"x")
+    (two / "adapter" / "stray.txt").write_text("x")
+    assert checkpoint_problem(two) == "adapter/stray.txt and 1 more not listed in manifest.json"
+
+
+def test_a_checkpoint_that_fails_to_load_falls_back_to_the_one_before(trainee, tmp_path):
+    """Checkpoints of the older format carry no manifest, so only loading finds their damage."""
+    model, optimizer, generator = trainee
+    one, two, three = _three(trainee, tmp_path)
+    for path in (one, two, three):
+        state = json.loads((path / "state.json").read_text())
+        (path / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "format"}))
+        (path / "manifest.json").unlink()
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+
+    def load(path):
+        return load_checkpoint(path, model, optimizer, generator)
+
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path) == three  # nothing to check it against
+    path, state = load_with_fallback(three, load, said.append)
+    assert path == two and (state.step, state.data_position) == (2, 8)
+    assert len(said) == 1 and said[0].startswith(
+        f"{three}: adapter/adapter_model.safetensors cannot be read (SafetensorError: Error while deserializing"
+    )
+    assert said[0].endswith("); falling back to step_000002") and "\n" not in said[0]
+
+    (two / "state.json").write_text("{}")
+    (one / "rng.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as info:
+        load_with_fallback(three, load, said.append)
+    message = str(info.value)
+    assert message.startswith(f"no checkpoint in {tmp_path / 'checkpoints'} can be loaded: {three}: adapter/")
+    assert f"{two}: state.json cannot be read (KeyError: 'step')" in message
+    assert f"{one / 'rng.pt'}: cannot be loaded safely (EOFError)" in message and "\n" not in message
+
+
+def _bytes(folder) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_leaves_nothing_half_written(
+    trainee, tmp_path, monkeypatch
+):
+    model, optimizer, generator = trainee
+    first = save_checkpoint(tmp_path, TrainState(1, 4), model, optimizer, generator, "", keep=3)
+    write_text = Path.write_text
+
+    def disk_fills(self, data, *args, **kwargs):  # state.json is where the disk runs out
+        if self.name != "state.json":
+            return write_text(self, data, *args, **kwargs)
+        write_text(self, data[:10])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", disk_fills)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(tmp_path, TrainState(2, 8), model, optimizer, generator, "", keep=3)
+    monkeypatch.undo()
+    message = str(info.value)
+    second = tmp_path / "checkpoints" / "step_000002"
+    assert message.startswith(
+        f"cannot write checkpoint {second}: the disk is full (it needs about {_bytes(first) / 1024:.1f} KiB, "
+    )
+    assert message.endswith(" are free); free some space, then continue with --resume")
+    assert "\n" not in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]  # no .tmp left
+    assert latest_checkpoint(tmp_path) == first
+
+    def broken(obj, path):  # any other failure is not a full disk: it surfaces as itself
+        path.write_bytes(b"x")
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        save_checkpoint(tmp_path, TrainState(2, 8), model, optimizer, generator, "", keep=3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+
+
+def _unshare_mounts() -> bool:
+    unshare = shutil.which("unshare")
+    return (
+        unshare is not None and subprocess.run([unshare, "-rm", "true"], capture_output=True).returncode == 0
+    )
+
+
+@pytest.mark.skipif(not _unshare_mounts(), reason="needs unprivileged mount namespaces (unshare -rm)")
+def test_a_checkpoint_onto_a_really_full_disk_is_one_line_whichever_writer_runs_out(tiny_model_dir, tmp_path):
+    """Small tmpfs mounts: safetensors, torch.save and Python's own writes each run out of space
+    at some size, and each says so differently; every one is the same line, and nothing stays."""
+    sizes = [f"{k}k" for k in range(4, 72, 4)]
+    folders = [tmp_path / size for size in sizes]
+    mounts = " && ".join(
+        f"mkdir {f} && mount -t tmpfs -o size={s} tmpfs {f}" for f, s in zip(folders, sizes, strict=True)
+    )
+    worker = [sys.executable, str(Path(__file__).with_name("disk_full_worker.py")), str(tiny_model_dir)]
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"{mounts} && exec {shlex.join(worker + [str(f) for f in folders])}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["folder"] for r in rows] == [str(f) for f in folders]
+    failed = [r for r in rows if r["error"] is not None]
+    assert {r["under"] for r in failed} == {"OSError", "SafetensorError", "RuntimeError"}
+    for r in failed:
+        assert r["error"].startswith(
+            f"cannot write checkpoint {r['folder']}/checkpoints/step_000001: the disk is full (it needs about "
+        )
+        assert "\n" not in r["error"] and r["left"] == []
+    assert rows[-1]["error"] is None and rows[-1]["left"] == ["step_000001"]  # 68 KiB holds it
 
 
 @pytest.mark.parametrize(

@@ -113,14 +113,18 @@ def test_an_on_policy_run_logs_staleness_zero(peaked_model_dir, tmp_path):
     assert [_versions(run_dir, t) for t in (1, 2)] == [{0}, {1}]
 
 
-def test_resume_with_rollouts_in_flight_gives_the_same_steps(peaked_model_dir, tmp_path):
+@pytest.mark.parametrize("tis_cap", [None, 2.0], ids=["plain", "tis"])
+def test_resume_with_rollouts_in_flight_gives_the_same_steps(peaked_model_dir, tmp_path, tis_cap):
     """Stopped after step 2, step 3's rollouts (sampled by version 1) were in flight and are discarded;
-    the checkpoint keeps version 1, so the resumed run samples step 3 with the same weights and seeds."""
-    full = _rows(train(_config(peaked_model_dir, tmp_path / "full")))
+    the checkpoint keeps version 1, so the resumed run samples step 3 with the same weights and seeds.
+    Under truncated importance sampling the resumed trainer takes version 1's weights from there too,
+    for step 3's old logprobs."""
+    over = {"algorithm": {"tis_cap": tis_cap}} if tis_cap else {}
+    full = _rows(train(_config(peaked_model_dir, tmp_path / "full", **over)))
     part_dir = tmp_path / "part"
-    train(_config(peaked_model_dir, part_dir), stop_after=2)
+    train(_config(peaked_model_dir, part_dir, **over), stop_after=2)
     assert sorted(p.name for p in (part_dir / "checkpoints" / "step_000002" / "versions").iterdir()) == ["v1"]
-    resumed = _rows(train(_config(peaked_model_dir, part_dir), resume=True))
+    resumed = _rows(train(_config(peaked_model_dir, part_dir, **over), resume=True))
     assert [r["step"] for r in resumed] == [r["step"] for r in full] == [0, 1, 2, 3, 4, 5]
     for a, b in zip(full, resumed, strict=True):
         assert a.keys() == b.keys()
@@ -128,3 +132,6 @@ def test_resume_with_rollouts_in_flight_gives_the_same_steps(peaked_model_dir, t
             if not key.startswith("seconds_"):
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     assert _versions(part_dir, 3) == {1} and _versions(part_dir, 5) == {3}
+    if tis_cap:  # steps 2-5 train turns one version old: their ratios are taken against that version's
+        # weights, and some clip (against the live adapter's own logprobs, sg(lp), none would)
+        assert all(r["clip_fraction"] > 0.1 for r in full if r["step"] >= 2 and "loss" in r)

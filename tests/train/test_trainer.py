@@ -453,6 +453,55 @@ def test_optimize_starts_from_zeroed_gradients(policy, peaked_model_dir, tmp_pat
     assert max(float(u.abs().max()) for u in clean.values()) < 10  # the stale 100s are in neither
 
 
+def _norm(weights) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights])))
+
+
+def test_an_exploding_update_is_not_applied_like_a_nonfinite_one(policy, peaked_model_dir, tmp_path, capsys):
+    """AdamW at lr 1 moves every LoRA weight by about 1 in one step: the adapter's norm jumps
+    more than tenfold, and its next rollouts would be garbage; the update is undone instead."""
+    from grooves.train import step
+    from grooves.train.step import NonFiniteStep, optimize, run_loss
+
+    seqs = _on_policy(policy, _alike_groups())
+    config = _config(peaked_model_dir, tmp_path, optim__lr=1.0)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    before = _trainable(policy)
+
+    # what the update does when applied: the growth the guard measures, computed here from the weights
+    unguarded = torch.optim.AdamW(params, lr=1.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step, "MAX_WEIGHT_GROWTH", math.inf)
+        optimize(policy, unguarded, seqs, run_loss(config), config.optim)
+    growth = _norm(_trainable(policy).values()) / _norm(before.values())
+    _restore(policy, before)
+    assert growth > 10
+
+    optimizer = torch.optim.AdamW(params, lr=1.0)
+    capsys.readouterr()
+    stats = optimize(policy, optimizer, seqs, run_loss(config), config.optim)
+    assert (stats["exploding_skipped"], stats["nonfinite_skipped"]) == (1.0, 0.0)
+    assert all(torch.equal(w, before[n]) for n, w in _trainable(policy).items())  # not applied
+    assert len(optimizer.state) == 0  # nor counted in the optimizer's moments
+    version = policy.adapters.version + 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"step {version}: its update multiplied the adapter weights' norm by {growth:.3g} (more than 10x in "
+        'one step, at lr 1); it was not applied; skipped (optim.on_nonfinite = "skip"; lower optim.lr if it '
+        "happens again)"
+    ]
+    stop = _config(peaked_model_dir, tmp_path, optim__lr=1.0, optim__on_nonfinite="stop")
+    with pytest.raises(NonFiniteStep, match=rf"^step {version}: its update multiplied .* the run stops"):
+        optimize(policy, optimizer, seqs, run_loss(stop), stop.optim)
+    assert all(torch.equal(w, before[n]) for n, w in _trainable(policy).items())
+
+    # an ordinary rate is applied, its growth far below the bound
+    stats = optimize(policy, torch.optim.AdamW(params, lr=1e-3), seqs, run_loss(config), config.optim)
+    after = _trainable(policy)
+    _restore(policy, before)
+    assert stats["exploding_skipped"] == 0.0 and any(not torch.equal(after[n], before[n]) for n in before)
+    assert 0.9 < _norm(after.values()) / _norm(before.values()) < 1.1
+
+
 def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peaked_model_dir, tmp_path):
     """Dr. GRPO: sum of token losses / (groups_per_step x group_size x max_tokens), a dropped group included."""
     from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
@@ -674,6 +723,44 @@ def test_resume_falls_back_from_a_damaged_checkpoint(peaked_model_dir, tmp_path,
         a, b = _comparable(a), _comparable(b)
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+def test_resume_falls_back_from_damage_the_manifest_leaves_out_or_a_load_finds(
+    peaked_model_dir, tmp_path, capsys
+):
+    over = {"steps": 3, "validation__every": 0, "rollout__groups_per_step": 2, "rollout__group_size": 4}
+    run = tmp_path / "run"
+    train(_config(peaked_model_dir, run, **over), stop_after=2)
+    two = run / "checkpoints" / "step_000002"
+    manifest = json.loads((two / "manifest.json").read_text())
+    del manifest["files"]["adapter/adapter_model.safetensors"]
+    (two / "manifest.json").write_text(json.dumps(manifest))
+    (two / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    capsys.readouterr()
+    resumed = _rows(train(_config(peaked_model_dir, run, **over), resume=True))
+    said = capsys.readouterr()
+    assert [line for line in said.err.splitlines() if "step_000002" in line] == [
+        f"checkpoint {two} is damaged (adapter/adapter_model.safetensors not listed in manifest.json); "
+        "falling back to step_000001"
+    ]
+    assert f"resuming {run} from step 1 " in said.out
+    assert [r["step"] for r in resumed if "loss" in r] == [1, 2, 3]
+
+    # a checkpoint of the older format has no manifest: its damage shows only when it is loaded
+    three = run / "checkpoints" / "step_000003"
+    state = json.loads((three / "state.json").read_text())
+    (three / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "format"}))
+    (three / "manifest.json").unlink()
+    (three / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    resumed = _rows(train(_config(peaked_model_dir, run, **over), resume=True))
+    said = capsys.readouterr()
+    lines = [line for line in said.err.splitlines() if "step_000003" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{three}: adapter/adapter_model.safetensors cannot be read (SafetensorError: "
+    )
+    assert lines[0].endswith("; falling back to step_000002")
+    assert f"resuming {run} from step 2 " in said.out
+    assert [r["step"] for r in resumed if "loss" in r] == [1, 2, 3]
 
 
 def test_ctrl_c_stops_with_one_line_and_resume_continues(peaked_model_dir, tmp_path):

@@ -30,7 +30,10 @@ def eval_command(
         f"adapter folder, or a base model (a built-in alias such as {DEFAULT_MODEL}, a local folder, a hub id).",
     ),
     task: str | None = typer.Option(
-        None, "--task", help="Task to evaluate on (built-in name or module:object); default: the run's."
+        None,
+        "--task",
+        help="Task to evaluate on (built-in name or module:object, which is imported and run: "
+        "trusted code only); default: the run's.",
     ),
     option: list[str] = typer.Option(
         [], "--option", help="A task option, key=value (value parsed as TOML); default: the run's options."

@@ -30,7 +30,8 @@ def train_command(
     """Train an adapter with RL as the run file describes.
 
     Exit codes: 0 done; 2 a run-file error or a run folder that cannot be used (one line each,
-    naming the field or the folder); 1 a checkpoint or model that cannot be loaded; 130 Ctrl-C
+    naming the field or the folder); 1 a checkpoint or model that cannot be loaded, or a checkpoint
+    that cannot be written (a full disk); 130 Ctrl-C
     (one line: where the run stopped and the command that continues it).
     """
     from grooves.config import ConfigError, load_config, parse_overrides
@@ -86,6 +87,7 @@ def sft_command(
 ) -> None:
     """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
     from grooves.config import ConfigError, load_sft_config, parse_overrides
+    from grooves.train.checkpoint import CheckpointError
     from grooves.train.sft import ChatError, sft
 
     try:
@@ -112,6 +114,8 @@ def sft_command(
         run_dir = sft(config, resume=resume)
     except (ChatError, ConfigError, FileNotFoundError) as exc:
         raise _fail(str(exc), code=2) from exc
+    except CheckpointError as exc:  # one that cannot be loaded or written (a full disk)
+        raise _fail(str(exc), code=1) from None
     console.print(f"run folder: {run_dir}", highlight=False)
 
 

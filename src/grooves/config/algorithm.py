@@ -57,6 +57,7 @@ class AlgorithmConfig(Section):
     """Truncated importance sampling for a sampler that is not the trainer's function
     (`model.sampler_precision` int8 or bfloat16): each token's loss is weighted by
     min(pi_train_old / pi_sampler, tis_cap), and the PPO ratio is taken against the trainer's own
-    logprobs of the sampling-time adapter (Yao et al. 2025, the FlashRL report; C = 2 there).
+    logprobs under the adapter version that sampled each turn (Yao et al. 2025, the FlashRL report;
+    C = 2 there); with `rollout.max_staleness` k > 0 the trainer keeps its last k + 1 versions for it.
     Unset: no weight, the sampler's logprobs are the old policy's, right when the sampler is the
     trainer's function (float32, mismatch ~1e-6). Larger C: less bias, more variance. Must be >= 1."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import tomllib
 from pathlib import Path
@@ -163,7 +164,28 @@ def _sampler_problem(config: RunConfig) -> str | None:
         why = f"it samples a float32 model, and model.dtype is {m.dtype}"
     elif m.fast == "off":
         why = 'it runs on the fused decode forward, which model.fast = "off" turns off'
+    elif m.sampler_precision == "bfloat16" and not cpu_packs_bfloat16():
+        why = (
+            "it needs oneDNN's bfloat16 weights, which need a CPU with AVX512 (bw, vl, dq) or AVX-NE-CONVERT, "
+            "and this one has neither"
+        )
     return None if why is None else f'model.sampler_precision: "{m.sampler_precision}": {why}; use "float32"'
+
+
+@functools.cache
+def cpu_packs_bfloat16() -> bool:
+    """oneDNN packs bfloat16 weights on this CPU (`model.sampler_precision = "bfloat16"`); it needs
+    AVX512 bw/vl/dq or AVX-NE-CONVERT, which an AVX2 CPU lacks. Found by packing a probe, once."""
+    import torch
+
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if not torch.backends.mkldnn.is_available() or reorder is None:
+        return False
+    try:
+        reorder(torch.zeros(64, 64, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _device_problem(device: str) -> str | None:

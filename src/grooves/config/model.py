@@ -48,7 +48,8 @@ class ModelConfig(Section):
     """The base weights the sampler's decode steps read. `float32`: the trainer's function
     (logprobs within float rounding of the trainer's). `bfloat16` (half the bytes) or `int8`
     (weight-only, a quarter): copies of the base weights for decoding, the LoRA adapter in float32
-    on top (CPU only; Llama/Qwen2 in float32 with `fast` on). Faster decoding, but the sampler's
+    on top (CPU only; Llama/Qwen2 in float32 with `fast` on; `bfloat16` needs AVX512 or
+    AVX-NE-CONVERT, which AVX2 CPUs lack: checked at start). Faster decoding, but the sampler's
     distribution is no longer the trainer's: the trainer logs the gap (`mismatch_k3_mean`); set
     `algorithm.tis_cap` to correct for it. The prefill and the trainer always run the `dtype`
     weights. See docs/speed.md for what each pays off on a CPU."""

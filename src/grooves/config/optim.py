@@ -14,7 +14,7 @@ class AdamWConfig(Section):
     """The optimizer's settings both trainers share (RL's `OptimConfig`, SFT's `SftOptimConfig`)."""
 
     lr: float = Field(5e-5, gt=0)
-    """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6."""
+    """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6; at most 1."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay on the LoRA weights; 0: none."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -42,6 +42,15 @@ class AdamWConfig(Section):
     packing: bool = True
     """Pack several sequences per row (block-diagonal attention) instead of padding to the longest."""
 
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, value: float) -> float:
+        if value > 1:  # AdamW moves each weight by about lr a step: past 1 a LoRA adapter blows up at once
+            raise ValueError(
+                "must be at most 1 (AdamW moves each weight by about lr a step; LoRA learns at 1e-5..1e-3)"
+            )
+        return value
+
     @field_validator("betas")
     @classmethod
     def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
@@ -56,7 +65,7 @@ class OptimConfig(AdamWConfig):
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate. 2e-4 is what the capitals demo learns with (LoRA rank 8 on a 135M model,
     docs/adapters.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
-    larger models or ranks."""
+    larger models or ranks. At most 1: past it every step blows the adapter up."""
 
     micro_batch_tokens: int | None = Field(None, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
@@ -71,9 +80,11 @@ class OptimConfig(AdamWConfig):
     same gradient (tested). For bases whose activations do not fit beside their weights."""
 
     on_nonfinite: Literal["skip", "stop"] = "skip"
-    """A step whose loss or grad norm is inf or NaN is never applied: the adapter and the optimizer
-    state stay as they were. skip: one line says so, the step is logged with `nonfinite_skipped = 1`
-    and the run goes on with new rollouts. stop: the run ends (`NonFiniteStep`, a one-line message)
+    """A step whose loss or grad norm is inf or NaN, or whose update would multiply the adapter
+    weights' norm by more than 10 (`train.step.MAX_WEIGHT_GROWTH`: an exploding update), is never
+    applied: the adapter and the optimizer state stay as they were. skip: one line says so, the
+    step is logged with `nonfinite_skipped = 1` (or `exploding_skipped = 1`) and the run goes on
+    with new rollouts. stop: the run ends (`NonFiniteStep`, a one-line message)
     before the step is logged or checkpointed. skip is the default because the weights stay finite
     either way, and a stopped run resumed would sample the same step again (rollouts are seeded by
     step) and fail the same way; stop suits a run watched closely, where such a step should be

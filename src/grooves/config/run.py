@@ -38,7 +38,8 @@ class RunConfig(Section):
     steps: int = Field(20, ge=1)
     """Optimizer steps; each samples `groups_per_step` groups of `group_size` rollouts."""
     task: str = "capitals"
-    """A built-in task name, or `package.module:object` for your own Task."""
+    """A built-in task name, or `package.module:object` for your own Task. That module is imported and
+    the object called with `task_options`: a run file is code, so run only run files you trust."""
     task_options: TaskOptions = {}
     """Passed to the task's constructor (e.g. a data file)."""
     tasks: list[TaskEntry] | None = None

@@ -17,7 +17,8 @@ class TaskEntry(Section):
     """One member of a multi-task run (see `grooves.tasks.mixture`)."""
 
     task: str
-    """A built-in task name, `env:<environment>`, or `package.module:object`."""
+    """A built-in task name, `env:<environment>`, or `package.module:object` (imported and run: a run
+    file is code, so run only run files you trust)."""
     weight: float = Field(1.0, gt=0)
     """Relative share of the training groups; each group's task is drawn with probability weight / sum."""
     options: TaskOptions = {}

@@ -123,8 +123,10 @@ class _TargetLogprobs(torch.autograd.Function):
             part = slice(start, start + chunk_size)
             z = _scaled(logits[part], None if row_temps is None else row_temps[part])  # [c, V]
             lse[part] = torch.logsumexp(z, dim=-1)
-            # -sum p log p = lse - sum p z, from the probabilities at hand: no log over the vocabulary
-            entropy[part] = lse[part] - (z - lse[part, None]).exp_().mul_(z).sum(-1)
+            # -sum p log p with log p = z - lse, each term small: lse - sum p z would subtract two
+            # numbers near max(z) and keep float32's error of them (1e-3 on peaked rows)
+            logp = z - lse[part, None]  # [c, V]
+            entropy[part] = -logp.exp().mul_(logp).sum(-1)
         picked = logits[pred, targets].float()  # [K]
         if row_temps is not None:
             picked = picked / row_temps[pred]

@@ -271,17 +271,19 @@ def compute_loss(
     num_tokens: int | None = None,
     num_rollouts: int | None = None,
     tis_cap: float | None = None,
+    lp_train_old: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The training loss: aggregate(policy_loss_t + beta * KL_t), and its per-batch statistics.
 
     With `tis_cap` C (a sampler that is not the trainer's function, e.g. int8 weights), the
     policy loss is taken against the trainer's own old logprobs and each token's is weighted by
     `tis_weight`: l_t = w_t * policy_loss_t(lp, lp_train_old), w_t = min(pi_train_old /
-    pi_sampler, C). Here lp_train_old = sg(lp): each batch is sampled by the adapter the
-    trainer holds at its one optimizer step (the trainer checks the adapter version), so the
-    trainer's recomputed logprob under the sampling-time adapter is this forward's, detached;
-    its PPO ratio is 1 in value and the gradient is w_t A_t d(lp_t). Without it, the sampler's
-    logprobs are the old policy's (the ratio absorbs the mismatch, unweighted).
+    pi_sampler, C) (Yao et al. 2025). `lp_train_old` [B, T] is the trainer's logprob of each
+    token under the adapter version that sampled it (`train.old_policy`); None: every token was
+    sampled by the adapter being trained, whose logprob is this forward's, lp_train_old = sg(lp),
+    so the PPO ratio is 1 in value and the gradient is w_t A_t d(lp_t). A stale token's ratio
+    exp(lp - lp_train_old) is clipped as PPO's. Without `tis_cap`, the sampler's logprobs are the
+    old policy's (the ratio absorbs the mismatch, unweighted) and `lp_train_old` is refused.
 
     Stats (means over this batch's sampled tokens):
     `clip_fraction` (share of tokens with a clipped ratio), `ratio_mean` (mean rho_t),
@@ -302,12 +304,16 @@ def compute_loss(
         )
     if tis_cap is not None and not tis_cap >= 1.0:
         raise ValueError(f"tis_cap={tis_cap}: the truncation C must be >= 1 (a weight of 1 is no correction)")
-    ratio_old = lp_old if tis_cap is None else lp.detach()  # [B, T]: pi_train_old's logprobs under TIS
+    if lp_train_old is not None and tis_cap is None:
+        raise ValueError("lp_train_old is the old policy of truncated importance sampling: it needs tis_cap")
+    ratio_old = lp_old  # [B, T]: the old policy's logprobs, the sampler's without TIS
+    if tis_cap is not None:
+        ratio_old = lp.detach() if lp_train_old is None else lp_train_old.detach()  # pi_train_old's
     out = POLICY_LOSSES[policy_loss](lp, ratio_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
     token_loss = out.loss  # [B, T]
     weight = None
     if tis_cap is not None:
-        weight = tis_weight(lp.detach(), lp_old, mask, tis_cap)  # [B, T]
+        weight = tis_weight(ratio_old, lp_old, mask, tis_cap)  # [B, T]
         token_loss = weight * token_loss
     counts = {"num_sequences": num_sequences, "num_tokens": num_tokens, "num_rollouts": num_rollouts}
     policy_part = aggregate(token_loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
@@ -344,7 +350,8 @@ class Loss:
     `compute_loss` with `policy_loss`, the clip range, `aggregation`, `beta` and `kl_kind` set here,
     `num_rollouts = rollouts_per_step` (Dr. GRPO's constant counts every rollout the step asked
     for), `tis_cap` (None: no importance correction) and the step's `counts` (None: this batch's
-    own). `lp_ref` is needed when `beta` > 0.
+    own). `lp_ref` is needed when `beta` > 0; `lp_train_old` (with `tis_cap`) where tokens were
+    sampled by an earlier adapter version than the one trained.
     """
 
     policy_loss: str
@@ -385,6 +392,7 @@ class Loss:
         *,
         counts: StepCounts | None = None,
         lp_ref: torch.Tensor | None = None,
+        lp_train_old: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return compute_loss(
             lp,
@@ -404,6 +412,7 @@ class Loss:
             num_tokens=counts.num_tokens if counts else None,
             num_rollouts=self.rollouts_per_step,
             tis_cap=self.tis_cap,
+            lp_train_old=lp_train_old,
         )
 
 

@@ -46,6 +46,9 @@ class TrainSequence:
     """Temperature of the distribution each token was sampled from (1.0 on tokens not sampled), so the
     trainer recomputes the same distribution; None: 1.0 everywhere. A turn's temperature is the one
     it was sampled at, not the run's: tasks may sample some turns at another temperature."""
+    versions: list[int] | None = None
+    """The adapter version that sampled each token (-1 on tokens not sampled or of a turn that
+    records none); None: unknown everywhere. Truncated importance sampling with stale turns reads it."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -64,6 +67,8 @@ class TrainSequence:
                     "TrainSequence temperatures must be finite and > 0: a greedy turn (temperature 0) reports "
                     "its temperature-1 logprobs, so record 1.0 for its tokens"
                 )
+        if self.versions is not None and len(self.versions) != n:
+            raise ValueError(f"TrainSequence fields disagree: {n} input_ids, {len(self.versions)} versions")
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -126,6 +131,7 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
         mask: list[bool] = []
         old: list[float] = []
         temps: list[float] = []
+        versions: list[int] = []
         for i in segment:
             turn = traj.turns[i]
             new_context = turn.prompt_token_ids[len(ids) :]
@@ -133,6 +139,8 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
             mask += [False] * len(new_context) + [True] * len(turn.token_ids)
             old += [0.0] * len(new_context) + [float(x) for x in turn.logprobs]
             temps += [1.0] * len(new_context) + [logprob_temperature(turn)] * len(turn.token_ids)
+            version = -1 if turn.adapter_version is None else turn.adapter_version
+            versions += [-1] * len(new_context) + [version] * len(turn.token_ids)
         out.append(
             TrainSequence(
                 ids,
@@ -142,6 +150,7 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
                 group_id,
                 prompt_len=len(first.prompt_token_ids),
                 temperatures=temps,
+                versions=versions,
             )
         )
     return out
@@ -170,6 +179,12 @@ class TrainBatch:
     num_sequences: int
     sequence_index: tuple[int, ...]
     """For each batch-local sequence id, its position in the list given to pad_batch / pack_batches."""
+    versions: torch.Tensor | None = None
+    """[B, T] long: the adapter version that sampled token t, -1 where not sampled or not recorded."""
+
+    def __post_init__(self) -> None:
+        if self.versions is None:
+            object.__setattr__(self, "versions", torch.full_like(self.input_ids, -1))
 
     @property
     def num_sampled_tokens(self) -> int:
@@ -231,6 +246,7 @@ def _assemble(
     temps = torch.ones(shape, dtype=torch.float32)  # [B, T]
     adv = torch.zeros(shape, dtype=torch.float32)  # [B, T]
     seq_ids = torch.full(shape, -1, dtype=torch.long)  # [B, T]
+    versions = torch.full(shape, -1, dtype=torch.long)  # [B, T]
     index: list[int] = []
     for b, row in enumerate(rows):
         start = 0
@@ -244,6 +260,8 @@ def _assemble(
             if s.temperatures is not None:
                 temps[b, span] = torch.tensor(s.temperatures, dtype=torch.float32)
             adv[b, span] = s.advantage
+            if s.versions is not None:
+                versions[b, span] = torch.tensor(s.versions, dtype=torch.long)
             seq_ids[b, span] = len(index)
             index.append(i)
             start += n
@@ -251,7 +269,17 @@ def _assemble(
             position_ids[b, start:] = torch.arange(start, width)
     attention_mask = block_causal_mask(seq_ids) if packed else (seq_ids >= 0).long()
     return TrainBatch(
-        input_ids, attention_mask, position_ids, sampled, old, temps, adv, seq_ids, len(index), tuple(index)
+        input_ids,
+        attention_mask,
+        position_ids,
+        sampled,
+        old,
+        temps,
+        adv,
+        seq_ids,
+        len(index),
+        tuple(index),
+        versions,
     )
 
 

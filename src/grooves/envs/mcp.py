@@ -46,7 +46,7 @@ from grooves.envs.base import (
     tool_calls_made,
 )
 from grooves.envs.mcp_server import CONTROL_PREFIX, EPISODE_META_KEY
-from grooves.envs.tools import error_content
+from grooves.envs.tools import error_content, parse_arguments
 
 
 class McpError(RuntimeError):
@@ -428,16 +428,9 @@ class McpEpisode:
         if len(call.arguments) > limits.max_argument_chars:
             text = f"arguments are {len(call.arguments)} characters; at most {limits.max_argument_chars}"
             return self._reply(call.id, error_content("arguments_too_long", text), "arguments_too_long")
-        try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
-            return self._reply(
-                call.id, error_content("invalid_json", f"arguments are not JSON: {exc.msg}"), "invalid_json"
-            )
-        if not isinstance(arguments, dict):
-            return self._reply(
-                call.id, error_content("invalid_json", "arguments must be a JSON object"), "invalid_json"
-            )
+        arguments, problem = parse_arguments(call.arguments)
+        if problem is not None:
+            return self._reply(call.id, error_content(*problem), problem[0])
         text, error = self._call_text(call.name, arguments)
         return self._reply(call.id, text[: limits.max_result_chars], error)
 

@@ -234,6 +234,10 @@ def _add_session_routes(app: FastAPI, env: Environment, store: SessionStore, max
     @app.put("/sessions/{sid}/snapshot")
     async def restore(sid: str, request: Request) -> dict[str, Any]:
         data = await request.body()
+        if not data:
+            raise SessionError(
+                400, "the request body is empty: PUT the bytes that GET /sessions/ID/snapshot returned"
+            )
         if len(data) > max_snapshot_bytes:
             raise SessionError(
                 413, f"the snapshot is {len(data)} bytes; this server restores at most {max_snapshot_bytes}"

@@ -147,6 +147,8 @@ def check_snapshot(data: bytes, seed: SeedDatabase) -> None:
     changed table, column, index, view or trigger is refused, so nothing restored can run code
     the environment did not write.
     """
+    if not data:  # sqlite's deserialize raises MemoryError on zero bytes
+        raise ValueError("it is empty (0 bytes)")
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(bytes(data))

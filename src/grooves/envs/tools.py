@@ -81,6 +81,27 @@ def error_content(kind: str, message: str) -> str:
     return json.dumps({"error": kind, "message": message})
 
 
+def parse_arguments(text: str) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """A tool call's JSON arguments as a dict, or ({}, (error kind, message)); never raises.
+
+    >>> parse_arguments('{"key": 1}')
+    ({'key': 1}, None)
+    >>> parse_arguments("[" * 4000 + "]" * 4000)[1]
+    ('invalid_json', 'arguments are nested too deeply to parse')
+    """
+    try:
+        args = json.loads(text.strip() or "{}")
+    except json.JSONDecodeError as exc:
+        return {}, ("invalid_json", f"arguments are not valid JSON ({exc.msg} at character {exc.pos})")
+    except RecursionError:
+        return {}, ("invalid_json", "arguments are nested too deeply to parse")
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        return {}, ("invalid_json", f"arguments are not valid JSON ({exc})")
+    if not isinstance(args, dict):
+        return {}, ("invalid_arguments", f"arguments must be a JSON object, got {type(args).__name__}")
+    return args, None
+
+
 class ToolBox:
     """The environment's tools behind one guarded entry point, `run`."""
 
@@ -149,17 +170,9 @@ class ToolBox:
                 "arguments_too_large",
                 f"arguments are {len(call.arguments)} characters; the limit is {limit}",
             )
-        text = call.arguments.strip() or "{}"
-        try:
-            args = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return {}, ("invalid_json", f"arguments are not valid JSON ({exc.msg} at character {exc.pos})")
-        except RecursionError:
-            return {}, ("invalid_json", "arguments are nested too deeply to parse")
-        except ValueError as exc:  # e.g. an integer of more than 4300 digits
-            return {}, ("invalid_json", f"arguments are not valid JSON ({exc})")
-        if not isinstance(args, dict):
-            return {}, ("invalid_arguments", f"arguments must be a JSON object, got {type(args).__name__}")
+        args, problem = parse_arguments(call.arguments)
+        if problem is not None:
+            return {}, problem
         try:
             error = best_match(self._validators[call.name].iter_errors(args))
         except RecursionError:

@@ -40,14 +40,16 @@ from grooves.train.checkpoint import (
     checkpoint_problem,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.old_policy import AdapterHistory
 from grooves.train.optim import adamw
 from grooves.train.runlog import RunLog
 from grooves.train.sparse import groups_with_signal
-from grooves.train.step import reward_stats, run_loss, train_step
+from grooves.train.step import needs_history, reward_stats, run_loss, train_step
 
 SERVICE_FILE = "service.json"
 USAGE_FILE = "usage.jsonl"
@@ -71,6 +73,9 @@ class HostedModel:
     ):
         self.tenant, self.name, self.config = tenant, name, config
         self.policy, self.optimizer, self.loss = policy, optimizer, run_loss(config)
+        self.history = AdapterHistory(config.rollout.max_staleness) if needs_history(config) else None
+        """The adapter's last versions, for truncated importance sampling of stale turns (kept in
+        memory only: after a restart, turns sampled before it are refused under `algorithm.tis_cap`)."""
         self.run_dir = run_dir
         self.log = RunLog(run_dir)
         self.rng_state = rng_state
@@ -126,8 +131,8 @@ class HostedModel:
         config = load_config(run_dir / "config.toml", {"output_dir": str(run_dir)})
         model = cls.build(meta["tenant"], meta["name"], config, base, run_dir)
         checkpoint = latest_checkpoint(run_dir, warn=warn)
-        if checkpoint is not None:
-            model._load(checkpoint)
+        if checkpoint is not None:  # one that fails to load: the one before it, named to `warn`
+            load_with_fallback(checkpoint, model._load, warn)
         else:  # stopped before its step-0 checkpoint was complete: the start again, from the seed
             model._checkpoint()
         return model
@@ -144,7 +149,9 @@ class HostedModel:
         Returns the step's metrics row and its trained tokens."""
         t0 = time.perf_counter()
         with self.policy.lock, self._rngs():
-            stats, seqs = train_step(self.policy, self.optimizer, groups, self.config, self.loss)
+            stats, seqs = train_step(
+                self.policy, self.optimizer, groups, self.config, self.loss, history=self.history
+            )
         step = self.step
         row = {
             "step": step,

@@ -11,6 +11,7 @@ import functools
 import importlib
 import inspect
 import sys
+import types
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,6 +85,8 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
                 f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path"
             )
         module_name, _, attr = spec.partition(":")
+        if _is_stdlib(module_name):  # refused before importing anything
+            raise TaskLoadError(f"task {spec!r}: {module_name} is Python's standard library, {_NOT_A_TASK}")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -103,6 +106,9 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
                 f"task {spec!r}: cannot import: module {module_name} has no attribute {attr!r}"
             )
         factory = getattr(module, attr)
+        problem = _not_a_task(factory)
+        if problem:  # refused before calling it
+            raise TaskLoadError(f"task {spec!r} is {problem}, {_NOT_A_TASK}")
     is_instance = hasattr(factory, "rollout") and not isinstance(factory, type)
     if is_instance and options:
         raise TaskLoadError(f"task {spec!r} is an instance, which takes no options", option="")
@@ -113,6 +119,49 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
                 f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)"
             )
     return task
+
+
+_NOT_A_TASK = (
+    "not a task: name a Task instance, a class with scenarios(split) and async rollout(model, scenario), "
+    "or a function of yours that returns one"
+)
+
+
+def _is_stdlib(module_name: str | None) -> bool:
+    return bool(module_name) and module_name.partition(".")[0] in sys.stdlib_module_names  # type: ignore[union-attr]
+
+
+def _not_a_task(obj: Any) -> str | None:
+    """What `obj` is, when it obviously cannot be (or make) a task; None when it may.
+
+    A task is a Task instance, a class with `scenarios` and `rollout`, or a factory: a Python
+    function (or a callable object) that returns one. A function of Python's standard library
+    (`os:system`), a function written in C, a class without the two methods, or a plain value is
+    none of them, and is refused before it is called with the run's options.
+
+    >>> import os
+    >>> _not_a_task(os.system)
+    "system from Python's standard library (posix)"
+    >>> _not_a_task({"scenarios": []})
+    'a dict'
+    """
+    if hasattr(obj, "rollout") and not isinstance(obj, type):
+        return None  # an instance: checked for `scenarios` after
+    inner = obj
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    origin = getattr(inner, "__module__", None)
+    name = getattr(inner, "__name__", type(inner).__name__)
+    if _is_stdlib(origin):
+        return f"{name} from Python's standard library ({origin})"
+    if isinstance(inner, type):
+        missing = [m for m in ("scenarios", "rollout") if not hasattr(inner, m)]
+        return f"the class {name}, which has no {' and no '.join(missing)}" if missing else None
+    if isinstance(inner, types.BuiltinFunctionType | types.BuiltinMethodType):
+        return f"{name}, a function written in C ({origin})"
+    if not callable(inner):
+        return f"a {type(inner).__name__}"
+    return None
 
 
 def _construct(spec: str, factory, options: dict[str, Any]) -> Task:

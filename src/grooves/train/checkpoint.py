@@ -4,13 +4,17 @@ A checkpoint is a folder `checkpoints/step_000012/` holding the adapter (peft fo
 `grooves serve --adapter`, with `base_model.json`: the base's Hub id, path and weights sha256,
 checked again on resume), the optimizer state, every RNG state, the data position and the
 resolved config. It is written to a temporary folder and renamed into place, so a run killed
-mid-write leaves the previous checkpoint intact, never a half-written one.
+mid-write leaves the previous checkpoint intact, never a half-written one. A write that fails
+removes its temporary folder; when the disk is full, that is one line (a CheckpointError) naming
+the checkpoint, the space it needs and the space free.
 
 What can still go wrong is the disk: a file truncated or changed after it was written (a full
 disk, a copy cut short, a bad sector). So the last file written is `manifest.json`, the size and
-sha256 of every other file, and a checkpoint is used only if every file matches it. Resuming
-takes the newest intact checkpoint; each newer one that fails the check is named on one line
-with what is wrong, and skipped.
+sha256 of every other file, and a checkpoint is used only if every file in it is listed there and
+matches. Resuming takes the newest intact checkpoint; each newer one that fails the check is named
+on one line with what is wrong, and skipped. A checkpoint that passes but still cannot be loaded
+(one of the older format below, which has no manifest) is named the same way, and the one before
+it is loaded instead (`load_with_fallback`).
 
 Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
 metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
@@ -26,13 +30,17 @@ are used unverified because they carry no checksums.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +52,7 @@ CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
 """`format` in state.json: 2 = RNG states as tensors, manifest.json with checksums; absent = older."""
 MANIFEST = "manifest.json"
+T = TypeVar("T")
 
 
 class CheckpointError(RuntimeError):
@@ -82,6 +91,25 @@ def save_checkpoint(
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, state, model, optimizer, policy_generator, config_toml, extra)
+    except Exception as exc:  # nothing half-written stays (a resume never picks a .tmp folder anyway)
+        shutil.rmtree(tmp, ignore_errors=True)
+        needed = _bytes_needed(final.parent, model, optimizer, policy_generator, extra)
+        free = shutil.disk_usage(next(p for p in final.parents if p.exists())).free
+        if not _disk_full(exc, free, needed):
+            raise
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: the disk is full (it needs about {_size(needed)}, "
+            f"{_size(free)} are free); free some space, then continue with --resume"
+        ) from None
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
+    return final
+
+
+def _write(tmp: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, extra) -> None:
     tmp.mkdir(parents=True)
     # the training adapter only: adapters served beside it (pinned versions, extra names) are not the run's
     model.save_pretrained(tmp / "adapter", selected_adapters=["default"])
@@ -97,10 +125,53 @@ def save_checkpoint(
     )
     (tmp / "config.toml").write_text(config_toml)
     _write_manifest(tmp)  # last: a checkpoint whose manifest is missing was never finished
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
-    return final
+
+
+def _disk_full(exc: Exception, free: int, needed: int) -> bool:
+    """Whether a failed write ran out of disk. Each writer says so its own way: Python's file
+    writes raise OSError(ENOSPC), safetensors' own writer an error quoting "os error 28", and
+    torch.save a RuntimeError about the zip file's position; so, besides those words, a failed
+    write with less room free than the checkpoint needs counts as a full disk too."""
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "os error 28" in text or "No space left on device" in text or free < needed
+
+
+def _bytes_needed(folder: Path, model, optimizer, policy_generator, extra: dict[str, Path] | None) -> int:
+    """About how many bytes the checkpoint takes: as much as the newest one in `folder` did, or, for
+    the first, its tensors and copied folders and 32 KiB for the small files beside them."""
+    older = _checkpoints(folder) if folder.is_dir() else []
+    if older:
+        return sum(p.stat().st_size for p in older[0].rglob("*") if p.is_file())
+
+    def tensor_bytes(values) -> int:
+        return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+    from peft import get_peft_model_state_dict
+
+    adapter = tensor_bytes(get_peft_model_state_dict(model, adapter_name="default").values())
+    moments = sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+    rng = tensor_bytes(rng_states(policy_generator).values())
+    copied = sum(
+        p.stat().st_size for folder in (extra or {}).values() for p in Path(folder).rglob("*") if p.is_file()
+    )
+    return adapter + moments + rng + copied + 32 * 1024
+
+
+def _size(n: float) -> str:
+    """A byte count for people.
+
+    >>> _size(512), _size(3 * 2**20 + 1), _size(5 * 2**40)
+    ('512 bytes', '3.0 MiB', '5.0 TiB')
+    """
+    if n < 1024:
+        return f"{int(n)} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
 
 
 def _base_path(model) -> str | None:
@@ -188,17 +259,25 @@ def checkpoint_problem(path: Path) -> str | None:
         )  # older checkpoints carry no checksums
     try:
         files = json.loads(manifest_path.read_text())["files"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        listed = {name: (int(e["bytes"]), str(e["sha256"])) for name, e in files.items()}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return "manifest.json is not readable"
-    for name, expected in files.items():
+    for name, (size_listed, sha_listed) in listed.items():
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
         size = file.stat().st_size
-        if size != expected["bytes"]:
-            return f"{name} has {size} bytes, the manifest says {expected['bytes']}"
-        if _sha256(file) != expected["sha256"]:
+        if size != size_listed:
+            return f"{name} has {size} bytes, the manifest says {size_listed}"
+        if _sha256(file) != sha_listed:
             return f"{name} does not match its sha256 in the manifest"
+    # a file the manifest leaves out was never checked: it may be the damaged one
+    unlisted = [
+        p.relative_to(path).as_posix() for p in _files(path) if p.relative_to(path).as_posix() not in listed
+    ]
+    if unlisted:
+        more = f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else ""
+        return f"{unlisted[0]}{more} not listed in manifest.json"
     return None
 
 
@@ -251,13 +330,9 @@ def _prune(folder: Path, keep: int, scores: dict[int, float] | None = None, mode
             shutil.rmtree(path)
 
 
-def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
-    """The newest intact checkpoint of a run, or None. Each newer one that fails `checkpoint_problem`
-    is skipped and reported to `warn` (one line naming it, what is wrong and what is used instead)."""
-    folder = run_dir / "checkpoints"
-    if not folder.is_dir():
-        return None
-    found = sorted(
+def _checkpoints(folder: Path) -> list[Path]:
+    """The finished checkpoint folders in `folder`, newest first."""
+    return sorted(
         (
             p
             for p in folder.iterdir()
@@ -265,6 +340,15 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
         ),
         reverse=True,
     )
+
+
+def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
+    """The newest intact checkpoint of a run, or None. Each newer one that fails `checkpoint_problem`
+    is skipped and reported to `warn` (one line naming it, what is wrong and what is used instead)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return None
+    found = _checkpoints(folder)
     skipped: list[tuple[Path, str]] = []
     for path in found:
         problem = checkpoint_problem(path)
@@ -280,14 +364,44 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Path | None:
     return None
 
 
+def load_with_fallback(first: Path, load: Callable[[Path], T], warn=None) -> tuple[Path, T]:
+    """`load(first)`; when that raises CheckpointError, the next older intact checkpoint beside it,
+    and so on. Each one that cannot be loaded is reported to `warn` on one line naming it, why, and
+    what is used instead; when none loads, one CheckpointError names them all. `load` must set
+    everything it touches (as `load_checkpoint` does), so a failed attempt leaves nothing behind."""
+    older = [p for p in _checkpoints(first.parent) if p.name < first.name]
+    failed: list[str] = []
+    for path in [first, *older]:
+        problem = checkpoint_problem(path) if path is not first else None
+        if problem is not None:
+            failed.append(f"checkpoint {path} is damaged ({problem})")
+            continue
+        try:
+            loaded = load(path)
+        except CheckpointError as exc:
+            failed.append(str(exc))
+            continue
+        for why in failed:
+            if warn is not None:
+                warn(f"{why}; falling back to {path.name}")
+        return path, loaded
+    raise CheckpointError(
+        f"no checkpoint in {first.parent} can be loaded: {'; '.join(failed)}; start again with --overwrite"
+    )
+
+
 def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainState:
+    """Set the adapter, optimizer and RNG states from the checkpoint at `path`. A file that cannot
+    be read (damage no manifest covered, as in checkpoints of the older format) is a one-line
+    CheckpointError naming it."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     base = _base_path(model)
     if base is not None:
         check_adapter_base(path / "adapter", base)  # logs a warning if the base's weights changed
-    adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    with _reading(path, "adapter/adapter_model.safetensors"):
+        adapter = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     try:
         result = set_peft_model_state_dict(model, adapter, adapter_name="default")
     except RuntimeError as exc:  # shapes differ: another lora.rank or base model
@@ -307,13 +421,30 @@ def load_checkpoint(path: Path, model, optimizer, policy_generator) -> TrainStat
             f"{path}: the adapter's layers are not this run's (lora.target_modules or model.base_model changed?): "
             f"{len(missing)} missing, {len(unexpected)} unexpected, e.g. {(missing + unexpected)[0]}"
         )
+    with _reading(path, "optimizer.pt"):
+        saved = _load_tensors(path / "optimizer.pt")
     try:
-        optimizer.load_state_dict(_load_tensors(path / "optimizer.pt"))
+        optimizer.load_state_dict(saved)
     except ValueError as exc:
         raise CheckpointError(f"{path}: optimizer.pt does not fit this run's adapter: {exc}") from None
-    info = json.loads((path / "state.json").read_text())
-    set_rng_states(_load_tensors(path / "rng.pt", legacy_numpy=not info.get("format")), policy_generator)
-    return TrainState(step=info["step"], data_position=info["data_position"])
+    with _reading(path, "state.json"):
+        info = json.loads((path / "state.json").read_text())
+        state = TrainState(step=int(info["step"]), data_position=int(info["data_position"]))
+    with _reading(path, "rng.pt"):
+        set_rng_states(_load_tensors(path / "rng.pt", legacy_numpy=not info.get("format")), policy_generator)
+    return state
+
+
+@contextlib.contextmanager
+def _reading(path: Path, name: str):
+    """Turn a failure to read or use the checkpoint's file `name` into a one-line CheckpointError."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, KeyError, TypeError, IndexError, SafetensorError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(f"{path}: {name} cannot be read ({type(exc).__name__}: {first})") from None
 
 
 def _load_tensors(file: Path, legacy_numpy: bool = False):

@@ -24,6 +24,7 @@ Metric keys written per step (metrics.jsonl):
   policy_loss, kl_mean, clip_fraction, ratio_mean, mismatch_k3_mean (sampler vs trainer logprobs),
   token_entropy_mean, grad_norm,
   nonfinite_skipped (1 when the step's loss or grad norm was not finite and its update was skipped),
+  exploding_skipped (1 when its update would have multiplied the adapter weights' norm by more than 10x),
   sampled_tokens, completion_tokens_mean, prefix_breaks, lr, adapter_version,
   seconds_rollout, seconds_score, seconds_train, seconds_step;
   and on validation steps val/reward_mean, val/success_rate. Multi-task runs (`tasks`) add
@@ -60,6 +61,7 @@ from grooves.train.checkpoint import (
     TrainState,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
@@ -68,6 +70,7 @@ from grooves.train.distributed import DataParallel
 from grooves.train.evaluate import GroupScorer, evaluate, reward_stats, score_groups, sets_success
 from grooves.train.judging import JudgeScorer
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.old_policy import AdapterHistory
 from grooves.train.optim import adamw, lr_scheduler
 from grooves.train.pipeline import RolloutPipeline, VersionPins
 from grooves.train.runlog import (
@@ -81,7 +84,7 @@ from grooves.train.runlog import (
 )
 from grooves.train.sft import ChatError, read_chats, run_sft, stage_config, validation_overlap
 from grooves.train.sparse import SparseRewardWarning, groups_with_signal, refill_count
-from grooves.train.step import load_kl_reference, run_loss, train_step
+from grooves.train.step import load_kl_reference, needs_history, run_loss, train_step
 from grooves.train.trackers import start_trackers
 from grooves.watch import Watch
 
@@ -177,15 +180,23 @@ async def run(
         )  # in this process, or Ray actors over HTTP
         closing.callback(rollouts.close)
         pins = VersionPins(policy, [app.state.adapters], r.max_staleness) if r.max_staleness else None
+        history = AdapterHistory(r.max_staleness) if needs_history(config) else None  # TIS of stale turns
 
         # continue the checkpoint, or start afresh; the folder changes only now
         state = TrainState(step=0, data_position=0)
         if checkpoint is not None:
-            state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+            checkpoint, state = load_with_fallback(  # a checkpoint that fails to load: the one before it
+                checkpoint,
+                lambda path: load_checkpoint(path, policy.model, optimizer, policy.generator),
+                _say if dp.main else None,
+            )
             stream.position = state.data_position
             policy.adapters.version = state.step
             if pins is not None:
                 pins.restore(checkpoint)
+                if history is not None:  # the versions the steps in flight at the checkpoint sampled with
+                    for version in pins.restored(checkpoint):
+                        history.load(version, pins.path(version))
             if dp.main:
                 print(f"resuming {run_dir} from step {state.step} ({checkpoint})", flush=True)
         elif dp.main:
@@ -296,7 +307,7 @@ async def run(
             # advantages and token sequences, then one optimizer step; the next request samples the new adapter
             lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
             step_stats, _ = await _train_step(
-                policy, optimizer, groups, config, loss, dp, beside=r.max_staleness > 0
+                policy, optimizer, groups, config, loss, dp, beside=r.max_staleness > 0, history=history
             )
             scheduler.step()  # by step count, applied or not, so a resumed run keeps the same rates
             t_train = time.perf_counter()
@@ -456,15 +467,17 @@ def _resolve_micro_batch(config: RunConfig, policy: Policy, device: str) -> RunC
 
 
 async def _train_step(
-    policy, optimizer, groups, config: RunConfig, loss, dp: DataParallel, *, beside: bool
+    policy, optimizer, groups, config: RunConfig, loss, dp: DataParallel, *, beside: bool, history=None
 ) -> tuple[dict[str, float], list]:
     """`step.train_step` (the service's step too), this rank's share of it in a data-parallel run;
     `beside` (rollouts ahead of the trainer) runs it on a worker thread, so the event loop keeps the
     next steps' rollouts going while it trains."""
     sync = dp if dp.active else None
     if not beside:
-        return train_step(policy, optimizer, groups, config, loss, sync=sync)
-    return await asyncio.to_thread(train_step, policy, optimizer, groups, config, loss, sync=sync)
+        return train_step(policy, optimizer, groups, config, loss, sync=sync, history=history)
+    return await asyncio.to_thread(
+        train_step, policy, optimizer, groups, config, loss, sync=sync, history=history
+    )
 
 
 def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:

@@ -152,6 +152,10 @@ class VersionPins:
         for folder in sorted((checkpoint / VERSIONS).glob("v*")):
             shutil.copytree(folder, self._dir / folder.name, dirs_exist_ok=True)
 
+    def restored(self, checkpoint: Path) -> list[int]:
+        """The versions a checkpoint holds (`restore` took them; `path(v)` is each one's folder)."""
+        return sorted(int(f.name[1:]) for f in (checkpoint / VERSIONS).glob("v*") if f.name[1:].isdigit())
+
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
 

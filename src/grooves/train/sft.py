@@ -31,6 +31,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from grooves.train.checkpoint import (
     TrainState,
     latest_checkpoint,
     load_checkpoint,
+    load_with_fallback,
     save_checkpoint,
     seed_everything,
 )
@@ -222,9 +224,14 @@ def _checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
 
 def _restore(checkpoint: Path | None, policy, optimizer, stream, log: RunLog) -> TrainState:
     state = TrainState(step=0, data_position=0)
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, policy.model, optimizer, policy.generator)
+    if checkpoint is not None:  # one that fails to load: the one before it, named on stderr
+        checkpoint, state = load_with_fallback(
+            checkpoint,
+            lambda path: load_checkpoint(path, policy.model, optimizer, policy.generator),
+            lambda line: print(line, file=sys.stderr, flush=True),
+        )
         stream.position = state.data_position
+        print(f"resuming {log.dir} from step {state.step} ({checkpoint})", flush=True)
     log.truncate_after(state.step if checkpoint is not None else -1)
     return state
 
@@ -262,8 +269,6 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
     steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
     state = _restore(checkpoint, policy, optimizer, stream, log)
-    if checkpoint is not None:
-        print(f"resuming {run_dir} from step {state.step} ({checkpoint})", flush=True)
     scheduler = lr_scheduler(optimizer, config.optim, steps, done=state.step)
     task, handle = _validation_handle(config, policy)
     if task and state.step == 0:

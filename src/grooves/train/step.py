@@ -34,6 +34,7 @@ from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.adapters import keep_requires_grad
 from grooves.policy.base import Policy
 from grooves.train.memory import auto_micro_batch_tokens
+from grooves.train.old_policy import AdapterHistory, old_policy_logprobs, stale_logprobs
 from grooves.train.pipeline import staleness_stats
 
 
@@ -45,6 +46,7 @@ def train_step(
     loss_fn: Loss,
     *,
     sync: StepSync | None = None,
+    history: AdapterHistory | None = None,
 ) -> tuple[dict[str, float], list[TrainSequence]]:
     """One training step on scored groups: (its statistics, the sequences it trained on).
 
@@ -53,16 +55,32 @@ def train_step(
     advantages and sequences, one optimizer step (none when every group was dropped; with `sync`,
     this rank's share of it, see `optimize`), and the adapter is the next version. The update and
     the version bump happen under the policy's lock, so no sampling batch sees the new weights
-    under the old version.
+    under the old version. `history` (`needs_history`: truncated importance sampling of stale
+    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's.
     """
-    staleness = staleness_stats(groups, policy.adapters.version, config.rollout.max_staleness)
+    live = policy.adapters.version
+    staleness = staleness_stats(groups, live, config.rollout.max_staleness)
+    if history is not None:
+        # refused before any work, not in the middle of the step
+        history.require({t.adapter_version for g in groups for tr in g.ok for t in tr.turns} - {None, live})
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
+        if history is not None:
+            history.record(policy.model, live)
         train_stats = (
-            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync) if seqs else {"loss": 0.0}
+            optimize(policy, optimizer, seqs, loss_fn, config.optim, sync=sync, history=history)
+            if seqs
+            else {"loss": 0.0}
         )
         policy.adapters.bump()
     return {**seq_stats, **train_stats, **staleness}, seqs
+
+
+def needs_history(config: RunConfig) -> bool:
+    """Truncated importance sampling (`algorithm.tis_cap`) of turns up to `rollout.max_staleness`
+    versions old: the trainer's old logprobs are those under each turn's version (`old_policy`), so a
+    caller of `train_step` keeps an `AdapterHistory` of that many versions and passes it."""
+    return config.algorithm.tis_cap is not None and config.rollout.max_staleness > 0
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
@@ -215,7 +233,8 @@ def _logprobs(model, batch: TrainBatch, prefix_len: int, checkpointing: bool = F
 
 
 class NonFiniteStep(RuntimeError):
-    """A step's loss or gradient norm was not finite and `optim.on_nonfinite` is "stop"."""
+    """A step's loss or gradient norm was not finite, or its update blew up the weights
+    (`MAX_WEIGHT_GROWTH`), and `optim.on_nonfinite` is "stop"."""
 
 
 _SUMMED_STATS = ("loss", "policy_loss", "kl_loss", "num_tokens")
@@ -249,13 +268,19 @@ def optimize(
     opt: OptimConfig,
     *,
     sync: StepSync | None = None,
+    history: AdapterHistory | None = None,
 ) -> dict[str, float]:
     """One optimizer step over all sequences, accumulated over memory-sized micro-batches.
+
+    With `history`, tokens sampled by an earlier adapter version than the live one get the
+    trainer's logprobs under that version as truncated importance sampling's old policy
+    (`old_policy.stale_logprobs`, a no-grad forward per stale version in a micro-batch).
 
     The update is this step's gradient alone (`gradient_step`). A step whose loss or gradient norm
     is inf or NaN is not applied (the adapter and the optimizer state stay as they were): with
     `optim.on_nonfinite = "skip"` one line says so and the stats carry `nonfinite_skipped = 1`; with
-    "stop" `NonFiniteStep` is raised.
+    "stop" `NonFiniteStep` is raised. An update that would blow the weights up (`guarded_step`) is
+    undone and reported the same way, with `exploding_skipped = 1`.
 
     With `sync`, this rank runs the loss and backward of its share (`sync.shard(seqs)`) and the
     ranks sum their gradients before clipping: every token's loss is divided by the whole step's
@@ -277,8 +302,18 @@ def optimize(
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
         params = [p for p in model.parameters() if p.requires_grad]
         device = model.get_input_embeddings().weight.device
+        live = policy.adapters.version
         for batch, prefix_len in batches:
             batch = batch.to(device)  # the loss reads its old logprobs, advantages and masks there too
+            stale = None
+            if history is not None:  # before the batch's own forward: it swaps the weights in place
+                stale = stale_logprobs(
+                    model,
+                    batch,
+                    live,
+                    history,
+                    lambda b=batch, p=prefix_len: _logprobs(model, b, p, opt.gradient_checkpointing)[0],
+                )
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:
@@ -292,6 +327,7 @@ def optimize(
                 batch.seq_ids,
                 counts=counts,
                 lp_ref=lp_ref,
+                lp_train_old=None if history is None else old_policy_logprobs(lp, stale),
             )
             loss.backward()
             share = float(batch.sampled_mask.sum()) / max(counts.num_tokens, 1)
@@ -306,13 +342,57 @@ def optimize(
             totals = combine_stats(sync.gather(totals))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.grad_clip))
         finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
+        growth = guarded_step(optimizer, params) if finite else 1.0
     totals["grad_norm"] = grad_norm
     totals["nonfinite_skipped"] = 0.0 if finite else 1.0
+    totals["exploding_skipped"] = 0.0 if growth <= MAX_WEIGHT_GROWTH else 1.0
     if not finite:
         _nonfinite_step(policy.adapters.version + 1, totals["loss"], grad_norm, opt.on_nonfinite)
+    elif growth > MAX_WEIGHT_GROWTH:
+        lr = optimizer.param_groups[0]["lr"]
+        _exploding_step(policy.adapters.version + 1, growth, lr, opt.on_nonfinite)
     return totals
+
+
+MAX_WEIGHT_GROWTH = 10.0
+"""An update that multiplies the trained weights' norm by more than this is not applied. With AdamW
+each weight moves by about lr a step; on SmolLM2-135M with the default LoRA (rank 8, all seven
+projections) one step from a fresh adapter multiplies its norm by 1.0000 at lr 2e-4, 4.8 at 0.1
+and 47 at 1. Past the bound the weights are on their way to inf, and every rollout after fails."""
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> float:
+    """`optimizer.step()`, undone (the weights and the optimizer state as they were) when it
+    multiplies the weights' norm by more than `MAX_WEIGHT_GROWTH` or leaves it non-finite. Returns
+    the factor (inf when not finite). Costs a copy of the weights and their optimizer state, which
+    for a LoRA adapter is a few times the adapter's size."""
+    with torch.no_grad():
+        before = _norm(params)
+        weights = [p.detach().clone() for p in params]
+        state = {p: _copy_state(optimizer.state[p]) for p in params if p in optimizer.state}
+        optimizer.step()
+        after = _norm(params)
+        growth = after / before if before > 0 else (1.0 if math.isfinite(after) else math.inf)
+        if growth <= MAX_WEIGHT_GROWTH:
+            return growth
+        for p, w in zip(params, weights, strict=True):
+            p.copy_(w)
+            if p in state:
+                optimizer.state[p] = state[p]
+            else:
+                optimizer.state.pop(p, None)
+    return growth
+
+
+def _norm(params: Sequence[torch.nn.Parameter]) -> float:
+    """The global L2 norm of `params` (as `clip_grad_norm_` takes the gradients'), in float32."""
+    if not params:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.float()) for p in params])))
+
+
+def _copy_state(state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _accumulate(totals: dict[str, float], stats: dict[str, float], share: float) -> None:
@@ -334,6 +414,19 @@ def combine_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
         for k, v in part.items():
             out[k] = max(out.get(k, v), v) if k in _MAX_STATS else out.get(k, 0.0) + v
     return out
+
+
+def _exploding_step(step: int, growth: float, lr: float, mode: str) -> None:
+    """One line for a step whose update would have blown up the weights; raises for "stop"."""
+    what = (
+        f"step {step}: its update multiplied the adapter weights' norm by {growth:.3g} "
+        f"(more than {MAX_WEIGHT_GROWTH:g}x in one step, at lr {lr:g}); it was not applied"
+    )
+    if mode == "stop":
+        raise NonFiniteStep(
+            f'{what} and the run stops (optim.on_nonfinite = "stop"); lower optim.lr, then --resume'
+        )
+    print(f'{what}; skipped (optim.on_nonfinite = "skip"; lower optim.lr if it happens again)', flush=True)
 
 
 def _nonfinite_step(step: int, loss: float, grad_norm: float, mode: str) -> None:

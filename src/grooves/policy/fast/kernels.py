@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grooves.config.check import cpu_packs_bfloat16
+
 Runner = Callable[[torch.Tensor, bool], torch.Tensor]
 """`(x [R, 1, in], transposed) -> [R, 1, out]`: one group's outputs, concatenated in the group's order."""
 
@@ -349,6 +351,8 @@ def low_precision_problem(precision: str, model) -> str | None:
         return "this torch has no int8 weight-only matmul (torch._weight_int8pack_mm)"
     if precision == "bfloat16" and not onednn_available():
         return "this torch has no oneDNN prepacked linear"
+    if precision == "bfloat16" and not cpu_packs_bfloat16():
+        return "oneDNN's bfloat16 weights need a CPU with AVX512 (bw, vl, dq) or AVX-NE-CONVERT, and this one has neither"
     param = next(model.parameters())
     if param.device.type != "cpu":
         return f"its kernels run on the CPU, and the model is on {param.device}"

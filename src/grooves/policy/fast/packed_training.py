@@ -72,38 +72,50 @@ def _head_forward(head: nn.Linear, fallback, packed: Packed):
 
 
 class _FoldedGroup(torch.autograd.Function):
-    """y = x W'^T on the packed folded weights; the gradients of `x W_i^T + s_i (x A_i^T) B_i^T`."""
+    """y = x W'^T on the packed folded weights; the gradients of `x W_i^T + s_i (x A_i^T) B_i^T`.
+
+    `lora_at[i]` is layer i's place among the adapters (`lora`: A_1..A_k, then B_1..B_k, in layer
+    order), or None for a layer without one (rank 0: `x W_i^T` alone, as `kernels._lora_of` has it)."""
 
     @staticmethod
-    def forward(ctx, x, packed, bias, bases, scales, *lora):  # x [N, in]; lora: A_1..A_k, B_1..B_k
-        ctx.bases, ctx.scales = bases, scales
+    def forward(ctx, x, packed, bias, bases, scales, lora_at, *lora):  # x [N, in]
+        ctx.bases, ctx.scales, ctx.lora_at = bases, scales, lora_at
         ctx.save_for_backward(x, *lora)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [N, sum out]
 
     @staticmethod
     def backward(ctx, grad):  # grad [N, sum out]
         x, *lora = ctx.saved_tensors
-        k = len(ctx.bases)
+        k = len(lora) // 2
         a_parts, b_parts = lora[:k], lora[k:]
         ranks = [a.shape[0] for a in a_parts]
         a = torch.cat(a_parts) if k > 1 else a_parts[0]  # [sum r, in]
         # (A x^T)^T, not x A^T: the same product; its kernel was the faster at rank-sized outputs in isolation
-        xa = torch.mm(a, x.t()).t()  # [N, sum r]
+        xa = torch.mm(a, x.t()).t().split(ranks, dim=1)  # [N, r_j] each
         grad_x = None
         grad_b, gxa = [], []
         outs = [w.shape[0] for w in ctx.bases]
-        for g, w, b, s, xa_i in zip(
-            grad.split(outs, dim=1), ctx.bases, b_parts, ctx.scales, xa.split(ranks, dim=1), strict=True
-        ):
-            gxa.append(torch.mm(b.t(), g.t()).t() * s)  # s g B [N, r]
-            grad_b.append(torch.mm(xa_i.t(), g).t() * s)  # s g^T (x A^T) [out, r]
+        for g, w, j in zip(grad.split(outs, dim=1), ctx.bases, ctx.lora_at, strict=True):
             if ctx.needs_input_grad[0]:
                 grad_x = torch.mm(g, w) if grad_x is None else grad_x.addmm_(g, w)
+            if j is None:  # no adapter on this layer: only its base passes the gradient on
+                continue
+            s = ctx.scales[j]
+            gxa.append(torch.mm(b_parts[j].t(), g.t()).t() * s)  # s g B [N, r]
+            grad_b.append(torch.mm(xa[j].t(), g).t() * s)  # s g^T (x A^T) [out, r]
         gxa_all = torch.cat(gxa, dim=1) if k > 1 else gxa[0]  # [N, sum r]
         grad_a = torch.mm(gxa_all.t(), x).split(ranks)  # [sum r, in]
         if grad_x is not None:
             grad_x.addmm_(gxa_all, a)
-        return (grad_x, None, None, None, None, *grad_a, *grad_b)
+        return (grad_x, None, None, None, None, None, *grad_a, *grad_b)
+
+
+def _adapter_of(layer: nn.Module) -> str | None:
+    """The plain LoRA adapter a layer of a group runs (`plain_adapter`), "" for a plain linear layer
+    (a layer `lora.target_modules` left out: rank 0), None for anything else."""
+    if type(layer) is nn.Linear:
+        return ""
+    return plain_adapter(layer) if hasattr(layer, "lora_A") else None
 
 
 def _group_forward(group: list[nn.Module], index: int, fallback, fold: Fold, adapter: str, left: dict):
@@ -115,16 +127,22 @@ def _group_forward(group: list[nn.Module], index: int, fallback, fold: Fold, ada
             if hit is not None and hit[0] is x and not args and not kwargs:
                 return hit[1]
             return fallback(x, *args, **kwargs)
-        if args or kwargs or any(plain_adapter(m) != adapter for m in group):
+        adapters = [_adapter_of(m) for m in group]
+        if args or kwargs or adapter not in adapters or any(a not in (adapter, "") for a in adapters):
             return fallback(x, *args, **kwargs)
         folded = fold(group)
         if folded is None:
             return fallback(x, *args, **kwargs)
         packed, bias = folded
-        bases = [m.get_base_layer().weight for m in group]
-        lora = [m.lora_A[adapter].weight for m in group] + [m.lora_B[adapter].weight for m in group]
-        scales = [float(m.scaling[adapter]) for m in group]
-        y = _FoldedGroup.apply(x.reshape(-1, x.shape[-1]), packed, bias, bases, scales, *lora)
+        bases = [m.get_base_layer().weight if a else m.weight for m, a in zip(group, adapters, strict=True)]
+        tuned = [m for m, a in zip(group, adapters, strict=True) if a]
+        lora_at, j = [], 0
+        for a in adapters:
+            lora_at.append(j if a else None)
+            j += bool(a)
+        lora = [m.lora_A[adapter].weight for m in tuned] + [m.lora_B[adapter].weight for m in tuned]
+        scales = [float(m.scaling[adapter]) for m in tuned]
+        y = _FoldedGroup.apply(x.reshape(-1, x.shape[-1]), packed, bias, bases, scales, lora_at, *lora)
         outs = y.split([w.shape[0] for w in bases], dim=-1)
         outs = [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
         for other, out in zip(group[1:], outs[1:], strict=True):
@@ -144,7 +162,8 @@ def on_packed_weights(
     packed: Packed,
 ) -> Iterator[None]:
     """Inside: each group of `groups` (layers on one input, in the order the model calls them) whose
-    layers are plain LoRA layers with `adapter` on runs as one matmul on `fold(group)`, and the
+    layers are plain LoRA layers with `adapter` on (or plain linear layers without an adapter, rank 0;
+    at least one with it) runs as one matmul on `fold(group)`, and the
     output head on `packed(head)`; `refresh()` runs before every forward of `model`, to bring the
     folds up to date with the adapter."""
     left: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -339,7 +339,9 @@ class GrammarCompiler:
             raise ConstraintError(
                 f"{grammar.param} cannot be enforced: {library_reason(matcher.get_error())}", grammar.param
             )
-        return Constraint(matcher, self.tokenizer.vocab_size, self.eos_token_ids, grammar.sampling_param)
+        return Constraint(
+            matcher, self.tokenizer.vocab_size, self.eos_token_ids, grammar.sampling_param, lark=grammar.lark
+        )
 
     def _check(self, lark: str, param: str) -> None:
         error = self._ll.LLMatcher.validate_grammar(
@@ -360,12 +362,21 @@ def library_reason(error: str) -> str:
 
 
 class Constraint:
-    """One request's compiled grammar; calling it gives a sampled row its own `GrammarMask`."""
+    """One request's compiled grammar; calling it gives a sampled row its own `GrammarMask`. `lark` is
+    the grammar's text, which the vLLM backend hands to vLLM's own llguidance (`policy/vllm.py`)."""
 
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int], param: str = "response_format"):
+    def __init__(
+        self,
+        matcher,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        param: str = "response_format",
+        lark: str | None = None,
+    ):
         self._matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
         self.param = param
         """The request field a failure while sampling names (`GrammarFailed`)."""
+        self.lark = lark
 
     def __call__(self) -> GrammarMask:
         return GrammarMask(self._matcher.deep_copy(), self.vocab_size, self.eos_token_ids, self.param)

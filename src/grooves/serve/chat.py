@@ -202,7 +202,7 @@ def prepare(policy: Policy, req: ChatRequest, max_tokens: int):
         top_p=req.top_p,
         stop=req.stop or [],
         seed=req.seed,
-        logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
+        logit_bias=logit_bias_of(req, vocab_size(policy)),
         frequency_penalty=req.frequency_penalty or 0.0,
         presence_penalty=req.presence_penalty or 0.0,
         top_logprobs=req.top_logprobs or 0,
@@ -282,6 +282,13 @@ def check_fields(req: ChatRequest) -> None:
             raise APIError(
                 400, "stream_options.include_usage must be true or false", "stream_options.include_usage"
             )
+
+
+def vocab_size(policy: Policy) -> int:
+    """The token ids a request may name: the model's vocabulary, or the tokenizer's where the policy
+    holds no model of its own (a vLLM policy that only samples keeps its weights in the engine)."""
+    model = getattr(policy, "model", None)
+    return int(model.config.vocab_size) if model is not None else len(policy.tokenizer)
 
 
 def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:

@@ -44,12 +44,12 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "tool_choice": FieldSupport(
         "limited",
         '"none", "auto", "required", or a named function; a forced call is enforced by a grammar'
-        " (a 400 on the vLLM backend), a tool without `parameters` takes exactly `{}`",
+        " (on the vLLM backend, vLLM's own llguidance), a tool without `parameters` takes exactly `{}`",
     ),
     "parallel_tool_calls": FieldSupport(
         "limited",
         'true (the default) or false: at most one call, enforced by a grammar (with "auto": text or'
-        " exactly one call); false with tools is a 400 on the vLLM backend",
+        " exactly one call; on the vLLM backend, vLLM's own llguidance)",
     ),
     "n": FieldSupport("limited", "1 to `--max-n` (default 64)"),
     "max_tokens": FieldSupport(
@@ -71,8 +71,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "frequency_penalty": FieldSupport("supported", "-2 to 2, OpenAI's formula"),
     "response_format": FieldSupport(
         "limited",
-        "text, json_object, json_schema (strict or not), enforced by a grammar (a 400 on the vLLM backend);"
-        " output cut at max_tokens is a prefix",
+        "text, json_object, json_schema (strict or not), enforced by a grammar (on the vLLM backend, vLLM's"
+        " own llguidance); output cut at max_tokens is a prefix",
     ),
     "stream": FieldSupport("supported", "server-sent `chat.completion.chunk` events, then `[DONE]`"),
     "stream_options": FieldSupport("limited", "`include_usage` only, with `stream: true`"),

@@ -89,6 +89,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_batch_invariance.py
 	$(BIN)/python benchmarks/bench_floor.py
 	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
+	$(BIN)/python benchmarks/bench_allocator.py
 	$(BIN)/python benchmarks/bench_watch_fpr.py
 	$(BIN)/python benchmarks/bench_streaming.py
 	$(BIN)/python benchmarks/bench_constraints.py --ignore-eos

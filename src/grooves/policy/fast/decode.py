@@ -100,6 +100,14 @@ class MatmulPlan:
         """The forms decided so far, by row count."""
         return dict(self._chosen)
 
+    def timed(self) -> bool:
+        """A decode step has been timed."""
+        return bool(self._seconds)
+
+    def fix(self, forms: dict[int, bool]) -> None:
+        """Run these row counts in these forms (True: `(W x^T)^T`) instead of timing them."""
+        self._chosen.update(forms)
+
 
 # ---- the lean forward ------------------------------------------------------------------------
 

@@ -38,6 +38,14 @@ class HeadPlan:
             self._transposed[rows] = self._time(rows)
         return self._transposed[rows]
 
+    def chosen(self) -> dict[int, bool]:
+        """The forms decided so far (timed or fixed), by row count."""
+        return dict(self._transposed)
+
+    def fix(self, forms: dict[int, bool]) -> None:
+        """Run these row counts in these forms (True: `(W x^T)^T`) instead of timing them."""
+        self._transposed.update(forms)
+
     @torch.no_grad()
     def _time(self, rows: int) -> bool:
         w = self.weight
@@ -72,7 +80,8 @@ class PlannedHead:
     """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
 
     def __init__(self):
-        self._plan: HeadPlan | None = None
+        self.plan: HeadPlan | None = None
+        """The current head's plan (made at its first sampling batch)."""
         self._slot: tuple[torch.nn.Module, torch.nn.Module, str] | None = None
         """(head, its parent, attribute): found once per head, not at every sampling batch."""
 
@@ -85,10 +94,10 @@ class PlannedHead:
         if self._slot is None:
             yield  # another head type: left as it is
             return
-        if self._plan is None or self._plan.weight is not head.weight:
-            self._plan = HeadPlan(head.weight)
+        if self.plan is None or self.plan.weight is not head.weight:
+            self.plan = HeadPlan(head.weight)
         _, parent, attr = self._slot
-        setattr(parent, attr, PlannedLinear(head, self._plan))
+        setattr(parent, attr, PlannedLinear(head, self.plan))
         try:
             yield
         finally:

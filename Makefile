@@ -1,4 +1,4 @@
-# Targets named in the README. Each one sets up what it needs, so it works on a fresh clone.
+# Targets named in the README and docs/quickstart.md. Each one sets up what it needs, so it works on a fresh clone.
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin

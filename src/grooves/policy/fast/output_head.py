@@ -7,7 +7,7 @@ matmul, runs faster. So each row count's form is timed once on the head's own we
 faster one is kept (`HeadPlan`); a single row (a matrix-vector product) and prefill-sized
 batches keep the usual form. The result is the same product; only float rounding may differ, so
 a timing taken on a busy machine can make two runs of one seed sample differently: the head is
-planned only with `model.fast = "timed"` (docs/speed.md, changes 9, 16 and 17). The blocks'
+planned only with `model.fast = "timed"` (CHANGELOG.md, changes 9, 16 and 17). The blocks'
 weights have a plan of their own, `decode.MatmulPlan`, timed on whole decode steps.
 """
 

@@ -22,7 +22,7 @@ FIELDS = ("prompt_tokens", "sampled_tokens", "trained_tokens", "steps")
 class Usage:
     """Running totals per (tenant, model)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], Counter[str]] = {}
 

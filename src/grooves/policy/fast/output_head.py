@@ -81,7 +81,7 @@ class PlannedLinear(torch.nn.Module):
 class PlannedHead:
     """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.plan: HeadPlan | None = None
         """The current head's plan (made at its first sampling batch)."""
         self._slot: tuple[torch.nn.Linear, torch.nn.Module, str] | None = None

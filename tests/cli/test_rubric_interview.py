@@ -9,6 +9,7 @@ batch through `grooves judge score` and the printed next steps run as printed.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -18,6 +19,7 @@ import select
 import shlex
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -291,6 +293,7 @@ def test_typed_answers_end_at_done_and_accepting_writes(tmp_path):
             input="Paris for France.\nNo other city.\ndone\ny\nn\n",
         )
     assert result.exit_code == 0, result.output
+    assert "not used" not in result.stdout
     assert len(server.requests) == 4  # three questions, the third answered "done", then the draft
     assert [m["content"] for m in server.requests[3]["messages"] if m["role"] == "assistant"] == QUESTIONS[:2]
     assert 'An empty answer or "done" ends the questions' in result.stdout
@@ -556,3 +559,65 @@ def test_on_a_real_terminal_answers_and_the_editor_work(tmp_path):
         "weight = 2.0", "weight = 3.0"
     ) + "# edited\n"
     assert [m["content"] for m in server.requests[3]["messages"] if m["role"] == "assistant"] == QUESTIONS[:2]
+
+
+def _own_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is the pty, so Ctrl-C is SIGINT."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _terminal(
+    tmp_path: Path, server: ScriptedServer, env: dict | None = None
+) -> tuple[subprocess.Popen, int]:
+    """`grooves rubric interview capitals` in its own process on a pseudo-terminal; (process, terminal fd)."""
+    env = dict(os.environ, TERM="xterm", **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grooves", "rubric", "interview", "capitals", "--out", "capitals.toml"]
+        + ["--base-url", server.base_url, "--model", "scripted-judge"],
+        stdin=follower, stdout=follower, stderr=follower, cwd=tmp_path, env=env, close_fds=True,
+        preexec_fn=_own_terminal,
+    )  # fmt: skip
+    os.close(follower)
+    return proc, leader
+
+
+def test_ctrl_c_at_a_prompt_quits_at_once_with_nothing_written(tmp_path):
+    with ScriptedServer([*QUESTIONS, DRAFT]) as server:
+        proc, leader = _terminal(tmp_path, server)
+        seen: list[str] = []
+        try:
+            _read_until(leader, r"A1: ?$", seen)
+            os.write(leader, b"Paris for France.\r")
+            _read_until(leader, r"A2: ?$", seen)
+            os.write(leader, b"\x03")  # Ctrl-C, as the terminal sends it
+            text = _read_until(leader, r"stopped: nothing written", seen, timeout=20)
+            assert proc.wait(timeout=20) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(leader)
+    assert "Traceback" not in text
+    assert len(server.requests) == 2 and not (tmp_path / "capitals.toml").exists()
+
+
+def test_answers_beyond_the_questions_are_named(tmp_path):
+    with ScriptedServer([*QUESTIONS[:2], DRAFT]) as server:
+        result = interview(
+            server,
+            "capitals",
+            "--answers",
+            str(answers_file(tmp_path)),
+            "--questions",
+            "2",
+            "--out",
+            "c.toml",
+        )
+    assert result.exit_code == 0, result.output
+    assert (
+        f"(1 more answers in {tmp_path / 'answers.txt'} than --questions 2 asks for: not used)"
+        in result.stdout
+    )
+    assert len(server.requests) == 3

@@ -86,8 +86,6 @@ class FileAnswers:
 class TerminalAnswers:
     """Answers typed at the prompt; an empty answer, "done" or end of input ends the questions."""
 
-    left: list[str] = []
-
     def more(self) -> bool:
         return True
 
@@ -99,8 +97,8 @@ class TerminalAnswers:
         return None if text.strip().lower() in STOP_WORDS else text.strip()
 
 
-async def _converse(
-    client: JudgeClient,
+def _converse(
+    judge: JudgeConfig,
     source: Source,
     questions: int,
     name: str,
@@ -108,32 +106,39 @@ async def _converse(
     check: bool,
     turns: list[Turn],
 ) -> Draft:
-    """Ask, collect answers into `turns` (kept by the caller if the judge fails), then draft."""
-    try:
-        if check:
-            await client.check()
-        interview = Interview(client, source.context(), questions=questions)
-        for number in range(1, questions + 1):
-            if not answer.more():  # a file's answers are used up: no question nobody will answer
-                break
-            question = await interview.question(turns)
-            console.print(f"\n[bold]Q{number}[/bold] {escape(question)}")
-            reply = answer(number)
-            if reply is None:
-                break
-            turns.append(Turn(question, reply))
-        if not turns:
-            raise Stop("no answers, so no rubric: answer at least one question; nothing written")
-        _say(f"\ndrafting the rubric from {len(turns)} answers ...")
+    """Ask, collect answers into `turns` (kept by the caller if the judge fails), then draft.
 
-        def invalid(reply: str, problem: str) -> None:
-            console.rule("the judge's draft (cannot be used)")
-            _say(reply)
-            console.print(f"[yellow]problem:[/yellow] {escape(problem)}")
+    Each request runs on one event loop kept between them (`asyncio.Runner`); the answers are read
+    while no loop runs, so Ctrl-C at a prompt is a plain KeyboardInterrupt, and during a request
+    it cancels the request first.
+    """
+    with asyncio.Runner() as loop:
+        client = JudgeClient(judge)
+        try:
+            if check:
+                loop.run(client.check())
+            interview = Interview(client, source.context(), questions=questions)
+            for number in range(1, questions + 1):
+                if not answer.more():  # a file's answers are used up: no question nobody will answer
+                    break
+                question = loop.run(interview.question(turns))
+                console.print(f"\n[bold]Q{number}[/bold] {escape(question)}")
+                reply = answer(number)
+                if reply is None:
+                    break
+                turns.append(Turn(question, reply))
+            if not turns:
+                raise Stop("no answers, so no rubric: answer at least one question; nothing written")
+            _say(f"\ndrafting the rubric from {len(turns)} answers ...")
 
-        return await interview.draft(turns, name, on_invalid=invalid)
-    finally:
-        await client.aclose()
+            def invalid(reply: str, problem: str) -> None:
+                console.rule("the judge's draft (cannot be used)")
+                _say(reply)
+                console.print(f"[yellow]problem:[/yellow] {escape(problem)}")
+
+            return loop.run(interview.draft(turns, name, on_invalid=invalid))
+        finally:
+            loop.run(client.aclose())
 
 
 def _keep_answers(out: Path, turns: list[Turn]) -> Path | None:
@@ -306,9 +311,11 @@ def interview(
         if interactive:
             _say('An empty answer or "done" ends the questions; Ctrl-C quits, nothing written.')
         name = "".join(c if c.isalnum() or c in "_-" else "_" for c in out.stem) or "rubric"
-        draft = asyncio.run(_converse(JudgeClient(judge), source, questions, name, answer, check, turns))
-        if answer.more():
-            _say(f"({len(answer.left)} answers in {answers} were not used: --questions {questions})")
+        draft = _converse(judge, source, questions, name, answer, check, turns)
+        if isinstance(answer, FileAnswers) and answer.more():
+            _say(
+                f"({len(answer.left)} more answers in {answers} than --questions {questions} asks for: not used)"
+            )
         console.rule(
             f"drafted rubric {escape(draft.rubric.tag)}" + (" (after one repair)" if draft.problems else "")
         )

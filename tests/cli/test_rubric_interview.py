@@ -31,7 +31,7 @@ from grooves.config import load_config
 from grooves.judge import load_rubric
 from grooves.judge.batch import read_records
 from grooves.judge.interview import TOPICS
-from scripted_judge import ScriptedServer, Status
+from scripted_judge import Delay, ScriptedServer, Status
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -601,6 +601,27 @@ def test_ctrl_c_at_a_prompt_quits_at_once_with_nothing_written(tmp_path):
             os.close(leader)
     assert "Traceback" not in text
     assert len(server.requests) == 2 and not (tmp_path / "capitals.toml").exists()
+
+
+def test_ctrl_c_during_a_request_quits_at_once(tmp_path):
+    with ScriptedServer([Delay(60, QUESTIONS[0])]) as server:
+        proc, leader = _terminal(tmp_path, server)
+        seen: list[str] = []
+        try:
+            _read_until(leader, r"Ctrl-C quits, nothing written\.", seen)
+            deadline = time.monotonic() + 10
+            while not server.requests and time.monotonic() < deadline:  # the question is being asked
+                time.sleep(0.05)
+            started = time.monotonic()
+            os.write(leader, b"\x03")
+            text = _read_until(leader, r"stopped: nothing written", seen, timeout=40)
+            assert proc.wait(timeout=20) == 130
+            assert time.monotonic() - started < 45  # not after the 60 s reply
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(leader)
+    assert "Traceback" not in text and "Q1" not in text
 
 
 def test_answers_beyond_the_questions_are_named(tmp_path):

@@ -27,7 +27,14 @@ import re
 import uvicorn
 from fastapi import FastAPI, Request
 
-from grooves.tasks.capitals import CAPITALS
+from grooves import load_task
+
+CAPITALS = {
+    s["country"]: s["capital"]
+    for split in ("train", "validation")
+    for s in load_task("capitals").scenarios(split)
+}
+"""Country -> capital, from the built-in capitals task's scenarios."""
 
 FACTS = {
     "capital of France": ["paris"],

@@ -33,7 +33,7 @@ from rich.prompt import Prompt
 
 from grooves.cli.rubric_next import Step, run_steps, sample_steps, train_steps
 from grooves.cli.rubric_source import Source, SourceError, resolve
-from grooves.judge.client import JudgeClient, JudgeConfig
+from grooves.judge.endpoint import JudgeClient, JudgeConfig
 from grooves.judge.errors import JudgeError
 from grooves.judge.interview import Draft, Interview, Turn
 from grooves.judge.rubric import Rubric, RubricError, load_rubric, parse_rubric

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grooves.cli.rubric_source import Source
-from grooves.judge.client import ENV_API_KEY, JudgeConfig
+from grooves.judge.endpoint import ENV_API_KEY, JudgeConfig
 from grooves.judge.rubric import Rubric
 
 TRAIN_STEPS = 40

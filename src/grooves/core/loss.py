@@ -279,7 +279,7 @@ def compute_loss(
     policy loss is taken against the trainer's own old logprobs and each token's is weighted by
     `tis_weight`: l_t = w_t * policy_loss_t(lp, lp_train_old), w_t = min(pi_train_old /
     pi_sampler, C) (Yao et al. 2025). `lp_train_old` [B, T] is the trainer's logprob of each
-    token under the adapter version that sampled it (`train.old_policy`); None: every token was
+    token under the adapter version that sampled it (`training.old_policy`); None: every token was
     sampled by the adapter being trained, whose logprob is this forward's, lp_train_old = sg(lp),
     so the PPO ratio is 1 in value and the gradient is w_t A_t d(lp_t). A stale token's ratio
     exp(lp - lp_train_old) is clipped as PPO's. Without `tis_cap`, the sampler's logprobs are the
@@ -379,7 +379,7 @@ class Loss:
     @property
     def needs_reference(self) -> bool:
         """The KL penalty is on: each micro-batch needs `lp_ref`, its logprobs under the reference
-        policy (`train.step.reference_weights`: the starting adapter or the base model)."""
+        policy (`training.step.reference_weights`: the starting adapter or the base model)."""
         return self.beta != 0.0
 
     def __call__(
@@ -437,13 +437,19 @@ def build_loss(
 def _ratio_stats(
     lp: torch.Tensor, lp_old: torch.Tensor, mask: torch.Tensor, clipped: torch.Tensor
 ) -> dict[str, float]:
-    """Clip fraction, mean ratio and sampler/trainer mismatch over the sampled tokens."""
-    diff = log_ratio(lp, lp_old, mask)  # [B, T], log(trainer / sampler)
+    """Clip fraction, mean ratio and sampler/trainer mismatch over the sampled tokens.
+
+    The mismatch is taken in float64, k3 as expm1(d) - d: a float32 sampler and trainer differ by
+    |d| ~ 1e-5, whose k3 (~ d^2 / 2 ~ 5e-11) is far below float32's resolution at 1, so
+    `exp(d) - d - 1` in float32 gives rounding noise (0.0, or even a negative "KL") for any
+    mismatch under ~3e-4, and the statistic could not tell a float32 sampler from a stale one.
+    """
+    diff = log_ratio(lp, lp_old, mask).double()  # [B, T], log(trainer / sampler)
     return {
         "clip_fraction": _masked_mean(clipped.float(), mask),
         "ratio_mean": _masked_mean(torch.exp(diff), mask),
         "mismatch_k1_mean": _masked_mean(-diff, mask),
-        "mismatch_k3_mean": _masked_mean(torch.exp(diff) - diff - 1.0, mask),
+        "mismatch_k3_mean": _masked_mean(torch.expm1(diff) - diff, mask),
         "mismatch_abs_max": float(diff.abs().max()) if diff.numel() else 0.0,
         "num_tokens": float(mask.sum()),
     }

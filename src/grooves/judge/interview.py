@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from grooves.judge.client import JudgeClient
 from grooves.judge.draft import InvalidDraft, parse_draft
+from grooves.judge.endpoint import JudgeClient
 from grooves.judge.errors import JudgeError
 from grooves.judge.rubric import Rubric
 

@@ -17,6 +17,7 @@ import pty
 import re
 import select
 import shlex
+import signal
 import subprocess
 import sys
 import termios
@@ -562,7 +563,11 @@ def test_on_a_real_terminal_answers_and_the_editor_work(tmp_path):
 
 
 def _own_terminal() -> None:
-    """In the child: a session of its own whose controlling terminal is the pty, so Ctrl-C is SIGINT."""
+    """In the child: a session of its own whose controlling terminal is the pty, so Ctrl-C is SIGINT.
+
+    SIGINT is set back to its default: a shell starts background jobs (`make test &`, nohup) with it
+    ignored, the child would inherit that, and Python installs no KeyboardInterrupt handler then."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 

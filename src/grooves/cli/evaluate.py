@@ -269,6 +269,7 @@ async def _run(plan: dict, settings: dict, split: str, step: int) -> tuple[dict[
     from grooves.policy.transformers import TransformersPolicy
     from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import create_app, inprocess_client
+    from grooves.training.cost import HEARTBEAT_S
     from grooves.training.evaluate import evaluate, summarize
     from grooves.training.runlog import show_bars
 
@@ -306,6 +307,7 @@ async def _run(plan: dict, settings: dict, split: str, step: int) -> tuple[dict[
             step=step,
             concurrency=settings["concurrency"],
             progress=show_bars(True),
+            heartbeat=None if show_bars(True) else HEARTBEAT_S,  # a log file: a line a minute
         )
     finally:
         await client.close()

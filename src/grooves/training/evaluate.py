@@ -45,6 +45,7 @@ async def evaluate(
     progress: bool = False,
     prefix: str = "val/",
     dp: DataParallel | None = None,
+    heartbeat: float | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """Metrics (`{prefix}reward_mean`, `{prefix}success_rate`, per task, the scorer's) and the groups.
 
@@ -54,6 +55,7 @@ async def evaluate(
     scorer, so validation rewards come from the same judges and gates as training rewards.
     A failed rollout is kept in the groups and left out of the means. In a data-parallel run
     (`dp`) each rank runs its share of the rollouts and every rank gets all of them, scored once.
+    `heartbeat`: seconds between lines saying how far the rollouts are, when no bar shows it.
     """
     dp = dp or DataParallel.single()
     chosen = task.scenarios(split)
@@ -70,6 +72,7 @@ async def evaluate(
         description=f"validation @ {step}" if split == "validation" else f"{split} @ {step}",
         seed_key=(step,),
         part=dp.share(len(chosen) * samples) if dp.active else None,
+        heartbeat=heartbeat if dp.main else None,
     )
     groups, scored = await score_groups(score, dp.merge_groups(groups), dp)
     scored = {f"{prefix}{k}": v for k, v in scored.items()}

@@ -109,6 +109,8 @@ def demos(
         report = write_demonstrations(env, out, split, seed=wording_seed, copies=copies)
     except ValueError as exc:
         _fail("demos", str(exc))
+    if not report.scenarios:
+        _fail("demos", f"{env.name} has no train scenarios to demonstrate", code=1)
     if not report.written:
         first = (report.dropped + report.skipped)[:1]
         _fail(

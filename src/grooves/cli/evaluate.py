@@ -409,9 +409,14 @@ def _figures(r: dict[str, Any]) -> list[str]:
         )
     if r.get("reward_parts"):
         lines.append("parts    " + "  ".join(f"{k} {v:.3f}" for k, v in r["reward_parts"].items()))
-    calls = r.get("tool_calls")
-    if calls and calls["total"]:
-        errors = r.get("tool_errors")
-        failed = f", {errors['fraction_of_calls']:.0%} of them errors" if errors is not None else ""
+    calls, errors = r.get("tool_calls"), r.get("tool_errors")
+    if calls and (
+        calls["total"] or errors is not None
+    ):  # a task with tools, or one whose rollouts called some
+        failed = (
+            f", {errors['fraction_of_calls']:.0%} of them errors"
+            if errors is not None and calls["total"]
+            else ""
+        )
         lines.append(f"tools    {calls['per_rollout']:.2f} calls a rollout{failed}")
     return lines

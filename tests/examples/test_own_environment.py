@@ -23,7 +23,7 @@ from grooves.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "docs" / "environments.md").read_text()
-GUIDE = DOCS[DOCS.index("## Write your own environment") : DOCS.index("## The contract")]
+GUIDE = DOCS[DOCS.index("## Write your own environment") : DOCS.index("## How much they teach")]
 GROOVES = (sys.executable, "-m", "grooves.cli")
 
 EXPECTED = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.config import parse_config
+from grooves.core.trajectory import read_groups
+from grooves.judge.batch import read_items
 from grooves.report.intervals import wilson_interval
 from grooves.training.loop import train
 
@@ -239,3 +242,18 @@ def test_eval_of_an_environment_counts_tool_calls_and_reward_parts_and_says_the_
     text = CliRunner().invoke(cli_app, ["eval", *args])
     assert "a rollout succeeds at a grade >= 1.0 (success_threshold)" in text.stdout
     assert "parts    action " in text.stdout
+
+
+def test_eval_out_writes_its_rollouts_as_a_batch_for_the_judge(peaked_model_dir, tmp_path):
+    out = tmp_path / "batch.jsonl"
+    got = _eval(
+        str(peaked_model_dir),
+        *("--task", "toy_tokens", "--option", "vocab_size=487", "--option", "num_scenarios=16"),
+        *("--split", "train", "--samples", "3", "--scenarios", "8", "--max-tokens", "4", "--out", str(out)),
+    )
+    groups = read_groups(out)
+    assert [len(g.trajectories) for g in groups] == [3] * 8
+    assert statistics.fmean(t.reward for g in groups for t in g.trajectories) == got["reward"]["mean"]
+    items = read_items(out)  # what `grooves judge score` reads: one item per rollout, grouped by scenario
+    assert len(items) == 24 and len({i.group for i in items}) == 8
+    assert items[0].output == groups[0].trajectories[0].messages[-1]["content"]

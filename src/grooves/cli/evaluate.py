@@ -95,6 +95,11 @@ def eval_command(
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object (for scripts) instead of text."
     ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Also write every rollout group of TARGET here (JSONL, one group per line): a batch `grooves judge score` reads.",
+    ),
 ) -> None:
     """Evaluate a model, adapter or checkpoint on a task: success and reward with 95% intervals,
     tool calls and reward parts; --against compares two on the same requests.
@@ -125,6 +130,14 @@ def eval_command(
         samples_out.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(samples_out, records)
         result["samples_out"] = str(samples_out)
+    if out is not None:
+        from grooves.jsonl import write_models
+
+        write_models(out, groups, append=False)
+        typer.echo(
+            f"wrote {out}: {len(groups)} groups, {sum(len(g.trajectories) for g in groups)} rollouts",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -272,10 +272,9 @@ def sample(
 
     while active:
         tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
+        drawn = (tokens.tolist(), logps.tolist(), top)  # one device-to-host copy a step
         gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
-        still = _take_step(
-            tokenizer, params, [rows[a] for a in active], (tokens, logps, top), gone, eos_token_ids
-        )
+        still = _take_step(tokenizer, params, [rows[a] for a in active], drawn, gone, eos_token_ids)
         if not still:
             break
         if len(still) < len(active):
@@ -339,15 +338,14 @@ def _take_step(
     tokenizer,
     params: list[SamplingParams],
     rows: list[_Row],
-    drawn: tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]]] | None],
+    drawn: tuple[list[int], list[float], list[list[tuple[int, float]]] | None],
     gone: set[int],
     eos_token_ids: set[int],
 ) -> list[int]:
-    """Append this step's draw (tokens [R], logprobs [R], top logprobs) to the active rows, end the
+    """Append this step's draw (tokens, logprobs, top logprobs: one per row) to the active rows, end the
     rows that stopped or were cancelled, and stream the step to each request's `on_tokens`.
     Returns the positions in `rows` that go on decoding."""
-    tokens, logps, top = drawn
-    token_list, logp_list = tokens.tolist(), logps.tolist()  # one device-to-host copy a step
+    token_list, logp_list, top = drawn
     still: list[int] = []
     events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
     for j, row in enumerate(rows):

@@ -143,7 +143,8 @@ async def run(
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
-        if score is None and config.judge is not None:  # [judge]: a judge that cannot be used refuses in one line
+        # [judge]: a judge that cannot be used refuses the start in one line
+        if score is None and config.judge is not None:
             judged = JudgeScorer(config.judge, seed=config.seed)
             await judged.start()
             closing.push_async_callback(judged.aclose)

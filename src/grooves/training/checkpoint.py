@@ -17,7 +17,7 @@ on one line with what is wrong, and skipped. A checkpoint that passes but still 
 it is loaded instead (`load_with_fallback`).
 
 Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
-metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
+metric (`checkpoint.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
 checkpoint `--select best` would pick (ART keeps its best and latest the same way).
 
 Loading never runs code from the checkpoint: `optimizer.pt` and `rng.pt` hold only tensors,
@@ -44,6 +44,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from grooves.config.checkpoint import CheckpointConfig
 from grooves.jsonl import read_jsonl
 from grooves.models import check_adapter_base, describe_base, file_sha256, record_adapter_base
 
@@ -106,6 +107,40 @@ def save_checkpoint(
     tmp.rename(final)
     _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
     return final
+
+
+def save_if_due(
+    run_dir: Path,
+    state: TrainState,
+    policy,
+    optimizer,
+    config_toml: str,
+    settings: CheckpointConfig,
+    *,
+    last: int,
+    force: bool = False,
+    extra: dict[str, Path] | None = None,
+) -> Path | None:
+    """A run's checkpoint of `state.step`, when the run's `[checkpoint]` (`settings`) says one is
+    due: every `settings.every` steps, after the `last` step, and whenever `force`d (a run the
+    watch pauses); kept and pruned as `settings` says. RL (`training.loop`) and SFT
+    (`training.sft`) save through this. The policy's lock is held while it is written, so no
+    adapter is loaded or unloaded beside it. None when none was due."""
+    if not (force or state.step == last or state.step % settings.every == 0):
+        return None
+    with policy.lock:
+        return save_checkpoint(
+            run_dir,
+            state,
+            policy.model,
+            optimizer,
+            policy.generator,
+            config_toml,
+            settings.keep,
+            extra,
+            keep_best_by=settings.keep_best_by,
+            keep_best_mode=settings.keep_best_mode,
+        )
 
 
 def _write(tmp: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, extra) -> None:

@@ -16,7 +16,7 @@ class AdamWConfig(Section):
 
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate. 2e-4 is what the capitals demo learns with, in RL (LoRA rank 8 on a 135M
-    model, docs/adapters.md; 5e-5 learned nothing in 20 steps of a strict-format task) and in SFT
+    model, benchmarks/results/README.md; 5e-5 learned nothing in 20 steps of a strict-format task) and in SFT
     (16 steps reached 0.778 held-out success, 1e-4 0.704); the corpus_search demonstrations were
     trained at 5e-4. LoRA wants ~1e-5..1e-3, not full fine-tuning's 1e-6: lower it for larger
     models or ranks. At most 1: past it every step blows the adapter up."""

@@ -81,9 +81,8 @@ async def claim_run(
 ) -> Claim:
     """Everything that can refuse the start, checked before any weights load. The folder is
     locked for as long as `closing` is open, but nothing in it changes yet."""
-    dp = (
-        DataParallel.from_env()
-    )  # this process's place in a data-parallel run (a world of one without torchrun)
+    # this process's place in a data-parallel run (a world of one without torchrun)
+    dp = DataParallel.from_env()
     dp.start(config.model.device)
     closing.callback(dp.close)
     run_dir = Path(config.output_dir)
@@ -208,12 +207,8 @@ async def open_run(config: RunConfig, claim: Claim, closing: contextlib.AsyncExi
         params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
     )
     loss = run_loss(config)  # [algorithm], configured once
-    stream = train_stream(
-        claim.task, config.seed
-    )  # ScenarioStream; per-task streams drawn by weight for a mixture
-    rollouts = start_rollouts(
-        r.runner, config.ray, claim.task.rollout, policy
-    )  # here, or Ray actors over HTTP
+    stream = train_stream(claim.task, config.seed)  # per-task streams drawn by weight for a mixture
+    rollouts = start_rollouts(r.runner, config.ray, claim.task.rollout, policy)  # here, or Ray actors
     closing.callback(rollouts.close)
     pins = VersionPins(policy, [app.state.adapters], r.max_staleness) if r.max_staleness else None
     history = AdapterHistory(r.max_staleness) if needs_history(config) else None  # TIS of stale turns

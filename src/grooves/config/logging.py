@@ -15,7 +15,9 @@ class LoggingConfig(Section):
     """The `[logging]` of `grooves sft`, and what `grooves train`'s shares with it."""
 
     progress: bool = True
-    """Progress bars on a terminal; one line per step when the output is not a terminal (a log file)."""
+    """Progress bars on a terminal. Without bars (false, or output that is not a terminal, such as a
+    log file) the run writes one line per step, and a heartbeat line every minute while a step's
+    rollouts or a validation run, so a long run is never silent."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     """Experiment trackers that mirror each step's metrics, the resolved config and the sample
     tables, through their own libraries (optional extras: `pip install 'grooves[trackers]'`).

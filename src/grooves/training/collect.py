@@ -25,6 +25,7 @@ from typing import Any
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.rollouts.gather import check_failures, gather
 from grooves.tasks.mixture import task_metrics
+from grooves.training.cost import HEARTBEAT_S
 from grooves.training.evaluate import reward_stats, score_groups
 from grooves.training.pipeline import RolloutPipeline
 from grooves.training.session import Session
@@ -50,7 +51,10 @@ class Collector:
     def __init__(self, session: Session, closing: contextlib.AsyncExitStack):
         self.s = session
         r = session.config.rollout
-        self.sparse = SparseRewardWarning(r.zero_variance_warning, say=_say)
+        warm = session.config.model.init_adapter is not None  # set by an [sft] stage too
+        self.sparse = SparseRewardWarning(r.zero_variance_warning, say=_say, warm=warm)
+        # without progress bars on rank 0 (a log file), a line a minute during long rollouts
+        self.heartbeat = HEARTBEAT_S if session.dp.main and not session.bars else None
         self.pipeline = RolloutPipeline(
             next_step=session.state.step + 1,
             last_step=session.config.steps,  # with stop_after, later steps may be in flight: discarded as after a kill
@@ -111,6 +115,7 @@ class Collector:
                 concurrency=r.concurrency,
                 max_failure_fraction=r.max_failure_fraction,
                 progress=s.bars,
+                heartbeat=self.heartbeat,
                 description=f"step {step} refill",
                 seed_key=(step, draws),  # (step, draws before) never equals a first draw's (step,)
             )
@@ -133,6 +138,7 @@ class Collector:
             concurrency=r.concurrency,
             max_failure_fraction=r.max_failure_fraction if not s.dp.active else 1.0,
             progress=s.bars,
+            heartbeat=self.heartbeat,
             description=f"step {step} rollouts",
             seed_key=(step,),
             part=s.dp.share(len(scenarios) * r.group_size) if s.dp.active else None,

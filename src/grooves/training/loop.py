@@ -55,6 +55,7 @@ from grooves.jsonl import read_jsonl
 from grooves.tasks import Task
 from grooves.training.checkpoint import CheckpointError, latest_checkpoint
 from grooves.training.collect import Collector
+from grooves.training.cost import validates_at
 from grooves.training.evaluate import GroupScorer
 from grooves.training.recorder import Recorder, StepObserver
 from grooves.training.session import claim_run, open_run
@@ -105,7 +106,7 @@ async def run(
             batch = await collect(step)  # rollouts, rewards of whole groups, refills
             stats = await session.train_step(batch.groups)  # advantages, loss, one optimizer update
             metrics = {"step": step, **batch.metrics, **stats}
-            if config.validation.every and step % config.validation.every == 0 or step == config.steps:
+            if validates_at(config.validation, step, config.steps):
                 metrics.update(record.validation(step, *await session.validate(step)))
             if record(step, metrics, batch.groups, started=started, data_position=batch.data_position):
                 break  # paused by the reward-hacking watch, after its checkpoint

@@ -253,14 +253,14 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 
 class StepProgress:
     """A run's steps where a person watches them (RL and SFT alike): one progress bar on a
-    terminal (`show_bars`), else, with `logging.progress` on, one line per step (`step_line`);
+    terminal (`show_bars`), else one line per step (`step_line`);
     nothing where `show` is false (the other ranks of a data-parallel run)."""
 
     def __init__(self, progress: bool, name: str, steps: int, done: int, *, show: bool = True):
         from tqdm.auto import tqdm
 
         self.bars = show and show_bars(progress)
-        self.lines = show and progress and not self.bars
+        self.lines = show and not self.bars  # a log file, or progress = false: one line per step, always
         self.steps = steps
         self.bar = tqdm(total=steps, initial=done, desc=name, disable=not self.bars, dynamic_ncols=True)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from grooves.training.checkpoint import (
     load_with_fallback,
     seed_everything,
 )
+from grooves.training.cost import HEARTBEAT_S, plan_line
 from grooves.training.data import train_stream
 from grooves.training.distributed import DataParallel
 from grooves.training.evaluate import GroupScorer, evaluate, sets_success
@@ -98,6 +100,8 @@ async def claim_run(
     seed_everything(config.seed)
     task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
     check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+    if dp.main:  # the work ahead, before anything slow: episodes, tokens, validations
+        _say(plan_line(config, task, start=_step_of(checkpoint)))
     if score is None and config.judge is not None:  # [judge]: checked now, before any weights load
         judged = JudgeScorer(config.judge, seed=config.seed)
         await judged.start()
@@ -179,6 +183,7 @@ class Session:
             score=self.score,
             progress=show_bars(self.config.logging.progress),
             dp=self.dp,
+            heartbeat=None if show_bars(self.config.logging.progress) else HEARTBEAT_S,
         )
         self.check_success(groups)
         return metrics, groups
@@ -275,6 +280,13 @@ def _checkpoint_to_resume(run_dir: Path, resume: bool, overwrite: bool) -> Path 
     if resume and checkpoint is None:
         raise RunFolderError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; start without --resume")
     return checkpoint
+
+
+def _step_of(checkpoint: Path | None) -> int:
+    """The step a checkpoint holds (0 for none): where a resumed run continues."""
+    if checkpoint is None:
+        return 0
+    return int(json.loads((checkpoint / "state.json").read_text())["step"])
 
 
 def kl_start_adapter(config: RunConfig, run_dir: Path) -> Path | None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import shutil
 import sys
 import time
@@ -65,6 +64,7 @@ from grooves.training.checkpoint import (
     save_if_due,
     seed_everything,
 )
+from grooves.training.cost import HEARTBEAT_S, sft_plan_line, sft_steps, validates_at
 from grooves.training.data import ScenarioStream
 from grooves.training.evaluate import evaluate
 from grooves.training.memory import pair_tokens
@@ -242,8 +242,7 @@ class _Validation:
             )
 
     def due(self, step: int, steps: int) -> bool:
-        every = self.config.validation.every
-        return self.task is not None and (step == steps or bool(every and step % every == 0))
+        return self.task is not None and validates_at(self.config.validation, step, steps)
 
     async def __call__(self, step: int) -> tuple[dict[str, float], list]:
         v = self.config.validation
@@ -256,6 +255,7 @@ class _Validation:
             seed=self.config.seed + 1,
             step=step,
             progress=show_bars(self.config.logging.progress),
+            heartbeat=None if show_bars(self.config.logging.progress) else HEARTBEAT_S,
         )
 
     async def aclose(self) -> None:
@@ -281,11 +281,13 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
     )
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
-    steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
+    steps = sft_steps(config, len(seqs))
     state = _restore(checkpoint, policy, optimizer, stream, log)
     log.trackers = start_trackers(config.logging, config.name, run_dir, config_toml, resumed_at=state.step)
     scheduler = lr_scheduler(optimizer, config.optim, steps, done=state.step)
     validate = _Validation(config, policy)
+    held = len(validate.task.scenarios("validation")) if validate.task is not None else None
+    _say(sft_plan_line(config, len(seqs), steps, held, start=state.step))
     progress = StepProgress(config.logging.progress, config.name, steps, state.step)
     try:
         if validate.task is not None and state.step == 0 and config.validation.at_start:

@@ -19,6 +19,8 @@ from grooves.serve.app import MAX_BODY_BYTES, MAX_REQUEST_TOKENS, create_app
 from grooves.serve.keys import ApiKeys
 from grooves.service.core import Service
 from grooves.service.routes import service_router
+from grooves.service.tinker.routes import tinker_router
+from grooves.service.tinker.server import TinkerService
 from grooves.service.validate import StepLimits
 
 
@@ -61,4 +63,6 @@ def create_service_app(
     )
     app.state.service = service
     app.include_router(service_router(service))
+    app.state.tinker = TinkerService(service, max_n=max_n, max_request_tokens=max_request_tokens)
+    app.include_router(tinker_router(app.state.tinker))
     return app

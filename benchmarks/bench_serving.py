@@ -15,13 +15,27 @@ made, so the timing covers the adapter's full compute; pass a trained adapter fo
 This machine's CPU is shared and noisy: treat the numbers as rough, and re-measure on a quiet one.
 
     python benchmarks/bench_serving.py [--adapter runs/capitals-rl] [--concurrency 1 4 8] [--requests 16]
+
+`--backends transformers vllm` compares the two backends of `grooves serve` instead: each runs as
+its own `grooves serve --backend ...` process (vLLM's in its own virtualenv, `--vllm-python`,
+default .venv-vllm/bin/python: docs/vllm.md), serving the base model and the adapter beside it;
+the concurrency levels alternate between the two servers (only one works at a time), and the
+table adds vLLM's tokens/s over grooves'. `--json` writes the rows and the load average.
+
+    python benchmarks/bench_serving.py --backends transformers vllm [--json docs/results/serving_backends.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -100,6 +114,94 @@ async def measure(
     }
 
 
+@contextmanager
+def grooves_serve(python: str, backend: str, base: Path, adapter: Path, threads: int):
+    """`grooves serve --backend BACKEND` in a process group of its own, serving `base` and `adapter`
+    beside it; yields its /v1 URL once it answers."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if backend == "vllm":
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    proc = subprocess.Popen(
+        [python, "-m", "grooves", "serve", "--backend", backend, "--model", str(base)]
+        + ["--served-name", "base", "--adapter", f"adapter={adapter}", "--port", str(port)],
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(
+                    f"grooves serve --backend {backend} stopped (exit {proc.returncode}); its log is above"
+                )
+            try:
+                if httpx.get(url + "/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # vLLM's engine process can outlive its server
+            except ProcessLookupError:
+                pass
+
+
+def compare_backends(args, base: Path, adapter: Path) -> None:
+    """Both backends side by side (see the module docstring)."""
+    pythons = {"transformers": args.grooves_python, "vllm": args.vllm_python}
+    rows = []
+    load = [os.getloadavg()[0]]
+    with grooves_serve(pythons["transformers"], "transformers", base, adapter, args.threads) as grooves_url:
+        with grooves_serve(pythons["vllm"], "vllm", base, adapter, args.threads) as vllm_url:
+            urls = {"transformers": grooves_url, "vllm": vllm_url}
+            for url in urls.values():  # warm-up
+                for model in ("base", "adapter"):
+                    asyncio.run(measure(url, model, 2, 2, args.max_tokens))
+            for i, c in enumerate(args.concurrency):
+                for model in ("base", "adapter"):
+                    order = list(args.backends) if i % 2 == 0 else list(reversed(args.backends))
+                    for backend in order:
+                        m = asyncio.run(
+                            measure(urls[backend], model, c, max(args.requests, c), args.max_tokens)
+                        )
+                        rows.append({"backend": backend, "model": model, "concurrency": c, **m})
+                        print(json.dumps(rows[-1]), flush=True)
+                load.append(os.getloadavg()[0])
+    print(
+        f"\nSmolLM2-135M float32, greedy, max_tokens={args.max_tokens}, {args.requests} requests per row, "
+        f"load average {min(load):.1f}-{max(load):.1f}\n"
+    )
+    print(
+        "| served | concurrent | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves | grooves p50 (s) | vLLM p50 (s) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    by = {(r["backend"], r["model"], r["concurrency"]): r for r in rows}
+    for c in args.concurrency:
+        for model in ("base", "adapter"):
+            g, v = by[("transformers", model, c)], by[("vllm", model, c)]
+            print(
+                f"| {model} | {c} | {g['tok_per_s']:.1f} | {v['tok_per_s']:.1f} | {v['tok_per_s'] / g['tok_per_s']:.2f} "
+                f"| {g['p50_s']:.2f} | {v['p50_s']:.2f} |"
+            )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        settings = {"max_tokens": args.max_tokens, "requests": args.requests, "threads": args.threads}
+        args.json.write_text(
+            json.dumps({"settings": settings, "rows": rows, "load_1min": load}, indent=1) + "\n"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,7 +213,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument(
+        "--backends",
+        nargs=2,
+        choices=["transformers", "vllm"],
+        default=None,
+        help="compare grooves serve's two backends (transformers vllm) instead of base/adapter/merged",
+    )
+    parser.add_argument("--grooves-python", default=sys.executable, help="with --backends: grooves' Python")
+    parser.add_argument(
+        "--vllm-python",
+        default=str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"),
+        help="with --backends: the Python of the vLLM-CPU environment (make setup-vllm)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="with --backends: write the rows here")
     args = parser.parse_args()
+    if args.backends is not None and sorted(args.backends) != ["transformers", "vllm"]:
+        parser.error("--backends: name both, transformers vllm")
 
     from grooves.adapters.export import export_adapter
     from grooves.adapters.registry import resolve_adapter
@@ -124,6 +242,9 @@ def main() -> None:
     base = ensure_model()
     tmp = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     adapter = resolve_adapter(args.adapter) if args.adapter else random_adapter(base, tmp / "adapter")
+    if args.backends is not None:
+        compare_backends(args, base, adapter)
+        return
     merged = export_adapter(adapter, tmp / "export", adapter=False).merged_dir
     policy = TransformersPolicy(str(base), served_name="base")
     table = AdapterTable(policy)

@@ -123,3 +123,29 @@ def lora_policy(model_dir, targets=None, **kwargs):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
     return policy
+
+
+def teach_answer(policy, messages, tools, answer: str, *, steps: int = 400) -> None:
+    """Train `policy`'s tiny model until its greedy answer to `messages` (with `tools`) is exactly
+    `answer` and end-of-turn; fails if it has not learned it in `steps` Adam steps."""
+    import torch
+
+    tok = policy.tokenizer
+    prompt = policy.prompts.render(messages, tools)
+    target = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ids = torch.tensor([prompt + target])  # [1, P+T]
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100  # learn the answer only
+    model = policy.model
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        out = model(input_ids=ids, labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        hits = out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]
+        if bool(hits.all()) and out.loss.item() < 0.05:
+            break
+    model.eval()
+    assert bool(hits.all()), f"the tiny model did not learn to answer {answer!r}"

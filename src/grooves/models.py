@@ -287,6 +287,29 @@ def hub_id_of(model_dir: str | Path) -> str | None:
     return name if isinstance(name, str) and is_hub_id(name) else None
 
 
+def served_name_of(model: str) -> str:
+    """The model name a server answers to by default for `--model` (never a filesystem path, which
+    would show in every client's `/v1/models` and 404): an alias as given; a local directory by the
+    alias of the built-in model it holds, else by its own name (the path's last part); a hub id as given.
+
+    >>> served_name_of("smollm2-135m"), served_name_of("HuggingFaceTB/SmolLM2-135M-Instruct")
+    ('smollm2-135m', 'HuggingFaceTB/SmolLM2-135M-Instruct')
+    """
+    if model in ALIASES:
+        return model
+    local = Path(model).expanduser()
+    if not local.is_dir():
+        return model
+    try:
+        manifest = json.loads((local / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    for alias, spec in ALIASES.items():
+        if isinstance(manifest, dict) and manifest.get("gguf_sha256") == spec["gguf_sha256"]:
+            return alias
+    return local.resolve().name or "model"
+
+
 def describe_base(name_or_path: str) -> BaseModelRecord:
     """The record of a `base_model` setting: an alias, a local directory, or a hub id."""
     if name_or_path in ALIASES:

@@ -310,6 +310,32 @@ def test_compute_loss_with_kl_and_mismatch_stats():
     assert stats["mismatch_abs_max"] == pytest.approx(LOG(2), abs=1e-6)
 
 
+def test_the_mismatch_of_a_float32_sampler_is_measured_not_rounded_away():
+    # a float32 sampler and trainer differ by ~1e-5 per token: k3 = exp(d) - d - 1 ~ d^2 / 2 ~ 5e-11,
+    # below float32's resolution at 1, so a float32 exp(d) - d - 1 gives 0.0 or a negative "KL"
+    lp = torch.tensor([[-2.2222452, -0.6232163, -1.9512461, -7.2618456]], requires_grad=True)
+    d = torch.tensor([[1.5e-5, -2.5e-5, 4.0e-5, -1.0e-5]])
+    lp_old = lp.detach() - d
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    _, stats = compute_loss(
+        lp,
+        lp_old,
+        torch.ones_like(lp),
+        mask,
+        torch.zeros_like(mask, dtype=torch.long),
+        policy_loss="ppo",
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="token_mean",
+        max_completion_tokens=4,
+    )
+    actual = (lp.detach().double() - lp_old.double())[0]  # the float32 differences, exactly
+    k3 = float(sum(math.expm1(x) - x for x in actual.tolist()) / 4)  # ~ 3.0e-10
+    assert stats["mismatch_k3_mean"] == pytest.approx(k3, rel=1e-6) and 3.0e-10 < k3 < 3.3e-10
+    assert stats["mismatch_k1_mean"] == pytest.approx(float(-actual.mean()), rel=1e-6)
+    assert stats["mismatch_abs_max"] == pytest.approx(float(actual.abs().max()), rel=1e-6)
+
+
 def test_compute_loss_errors():
     lp, lp_old, adv, mask, seq_ids = _ratio_case()
     common = dict(eps_low=0.2, eps_high=0.28, aggregation="token_mean", max_completion_tokens=4)

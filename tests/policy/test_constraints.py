@@ -142,19 +142,107 @@ def test_a_named_function_is_called_exactly_once(policy):
 )
 def test_each_syntax_forces_its_own_call_format(policy, syntax, text, bad):
     grammar = request_grammar(syntax, tools=[TIME], tool_choice="required")
-    compiler = GrammarCompiler(policy.tokenizer, policy.prompts.eos_token_ids)
-    tok = policy.tokenizer
-
-    def accepted(s: str) -> bool:
-        mask = compiler.compile(grammar)()
-        for t in tok(s, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]:
-            if not bool(mask.allowed()[t]):
-                return False
-            mask.advance(t)
-        return True
-
-    assert accepted(text) and not accepted(bad)
+    assert accepts(policy, grammar, text) and not accepts(policy, grammar, bad)
     assert syntax.parse(text, [TIME]).tool_calls  # what the grammar forces, the syntax reads back
+
+
+def accepts(policy, grammar, text: str) -> bool:
+    """Whether `grammar` lets `text` (as the tokenizer splits it) through to its end of turn."""
+    tok = policy.tokenizer
+    mask = GrammarCompiler(tok, policy.prompts.eos_token_ids).compile(grammar)()
+    for t in tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]:
+        if not bool(mask.allowed()[t]):
+            return False
+        mask.advance(t)
+    return True
+
+
+def smollm2_call(name: str, arguments: dict) -> str:
+    return "<tool_call>" + json.dumps([{"name": name, "arguments": arguments}]) + "</tool_call>"
+
+
+NOW = {"type": "function", "function": {"name": "now", "description": "Current time."}}
+OPEN_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "extra": {"type": "object"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "now"}}])
+def test_a_forced_call_takes_only_the_keys_its_tool_declares(policy, choice):
+    grammar = request_grammar(SmolLM2Syntax(), tools=[NOW, OPEN_WEATHER], tool_choice=choice)
+    # before: the prompt's example argument passed, and smolagents refused the call
+    assert not accepts(policy, grammar, smollm2_call("now", {"argument1": "text1"}))
+    assert accepts(policy, grammar, smollm2_call("now", {}))
+    if choice == "required":
+        assert not accepts(policy, grammar, smollm2_call("get_weather", {"city": "Oslo", "days": 2}))
+        # a declared free-form object stays free-form
+        assert accepts(policy, grammar, smollm2_call("get_weather", {"city": "Oslo", "extra": {"k": 1}}))
+
+
+def test_a_tool_whose_schema_has_defs_can_be_forced(policy):
+    person = {  # as pydantic writes a nested model
+        "$defs": {
+            "Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+        },
+        "type": "object",
+        "properties": {"who": {"$ref": "#/$defs/Person"}},
+        "required": ["who"],
+    }
+    tool = {"type": "function", "function": {"name": "greet", "parameters": person}}
+    for syntax, text in [
+        (SmolLM2Syntax(), smollm2_call("greet", {"who": {"name": "Ada"}})),
+        (
+            HermesSyntax(),
+            '<tool_call>\n{"name": "greet", "arguments": {"who": {"name": "Ada"}}}\n</tool_call>',
+        ),
+    ]:
+        # before: "failed to compile JSON schema: Pointer '/$defs/Person' does not exist"
+        grammar = request_grammar(syntax, tools=[TIME, tool], tool_choice="required")
+        assert accepts(policy, grammar, text)
+        assert not accepts(policy, grammar, text.replace('"name": "Ada"', '"name": 7'))
+
+
+@pytest.mark.parametrize(
+    "syntax,one,two,text_then_call",
+    [
+        (
+            SmolLM2Syntax(),
+            smollm2_call("get_time", {}),
+            '<tool_call>[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]</tool_call>',
+            "Sure. " + smollm2_call("get_time", {}),
+        ),
+        (
+            HermesSyntax(),
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+            'Sure. <tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        ),
+        (
+            Llama3JsonSyntax(),
+            '{"name": "get_time", "parameters": {}}',
+            '{"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}',
+            ' {"name": "get_time", "parameters": {}}',
+        ),
+    ],
+    ids=["smollm2", "hermes", "llama3_json"],
+)
+def test_parallel_tool_calls_false_under_auto_is_text_or_one_call(policy, syntax, one, two, text_then_call):
+    grammar = request_grammar(syntax, tools=[TIME], tool_choice="auto", parallel_tool_calls=False)
+    assert grammar.param == "parallel_tool_calls"
+    for text in ("The time is 5.", "", one):
+        assert accepts(policy, grammar, text), text
+    for text in (two, text_then_call):
+        assert not accepts(policy, grammar, text), text
+    # with parallel calls allowed, "auto" imposes nothing
+    assert request_grammar(syntax, tools=[TIME], tool_choice="auto") is None
 
 
 def test_logprobs_are_the_masked_distributions_and_the_trainer_sees_the_difference(policy):

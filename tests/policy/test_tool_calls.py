@@ -285,3 +285,94 @@ def test_a_declared_template_streams_its_text_at_the_end(declared_tokenizer):
     assert stream.feed("Hello ") == ("", [])
     content, found, whole = stream.finish()
     assert content == "Hello " and found == [] and whole.content == "Hello "
+
+
+# ---- a text cut at max_tokens inside a call: the call as far as written, no markup in content ----
+
+CUT = [
+    # (syntax, text cut at max_tokens, content, calls as (name, arguments text), how the last was cut)
+    (
+        SmolLM2Syntax(),
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": "Par',
+        None,
+        [("get_weather", '{"city": "Par')],
+        "partial",
+    ),
+    (
+        SmolLM2Syntax(),
+        'On it. <tool_call>[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"ci',
+        "On it.",
+        [("get_time", "{}"), ("get_weather", '{"ci')],
+        "partial",
+    ),
+    (SmolLM2Syntax(), '<tool_call>[{"name": "get_weather", ', None, [("get_weather", "")], "partial"),
+    (SmolLM2Syntax(), '<tool_call>[{"name": "get_wea', None, [], "nameless"),
+    (SmolLM2Syntax(), "Let me see <tool_ca", "Let me see", [], "nameless"),
+    (
+        SmolLM2Syntax(),
+        '<tool_call>[{"name": "get_time", "arguments": {}}]</tool_',
+        None,
+        [("get_time", "{}")],
+        "whole",
+    ),
+    (
+        HermesSyntax(),
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os',
+        None,
+        [("get_time", "{}"), ("get_weather", '{"city": "Os')],
+        "partial",
+    ),
+    (
+        Llama3JsonSyntax(),
+        '<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", "parameters": {"city": "Li',
+        None,
+        [("get_time", "{}"), ("get_weather", '{"city": "Li')],
+        "partial",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CUT)))
+def test_a_call_cut_at_max_tokens_is_read_as_far_as_written(case):
+    syntax, text, content, want, last = CUT[case]
+    parsed = syntax.parse_cut(text, TOOLS)
+    # before: the whole block stayed in the content, as markup, with no tool_calls
+    assert parsed.content == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls] == want
+    assert parsed.cut is not None and parsed.cut.last == last and parsed.unparsed == []
+    for chunk in (1, 4):  # streamed in pieces, the same content and calls
+        stream = CallStream(syntax, TOOLS)
+        sent, streamed_calls = "", []
+        for i in range(0, len(text), chunk):
+            piece, found = stream.feed(text[i : i + chunk])
+            sent, streamed_calls = sent + piece, streamed_calls + found
+        piece, found, _ = stream.finish(cut=True)
+        assert ((sent + piece).strip() or None) == content
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed_calls + found] == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>not json at all",
+        '<tool_call>[{"name": "func_name1", "arguments": {"argument1": "val',
+        '<tool_call>[{"name": "get_time", "arguments": {}}, {"name": "nope", "arguments": {',
+    ],
+)
+def test_a_cut_block_that_is_no_call_stays_text(text):
+    parsed = SmolLM2Syntax().parse_cut(text, TOOLS)
+    assert parsed.content == text and parsed.tool_calls == [] and parsed.cut is None
+    assert len(parsed.unparsed) == 1
+
+
+def test_the_policy_counts_and_logs_a_call_cut_at_max_tokens(tiny_model_dir, caplog):
+    policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny")
+    text = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Par'
+    with caplog.at_level(logging.WARNING, logger="grooves.policy"):
+        parsed = policy.prompts.parse(text, TOOLS, cut=True)
+    assert parsed.content is None and len(parsed.tool_calls) == 1
+    counters = policy.prompts.tool_calls
+    assert (counters.parsed, counters.unparsed, counters.cut) == (1, 0, 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tool call cut at max_tokens (returned with its arguments as far as written): {text!r}"
+    ]

@@ -1,8 +1,7 @@
-"""The vLLM backend: adapter publishing and request mapping on CPU; sampling and hot-swap on a GPU.
+"""The vLLM backend without its engine: adapter publishing, request mapping, the checks before it starts.
 
-The first part runs everywhere (no vLLM needed). The GPU tests skip unless vLLM is installed and a
-CUDA device is present; they compare vLLM's sampled logprobs with a transformers forward and
-check that a training step's adapter reaches the sampler.
+These run everywhere (no vLLM needed). The real engine's tests are in test_vllm_engine.py and
+test_vllm_runs.py (marked `vllm`: `make test-vllm` runs them on vLLM's CPU build).
 """
 
 from __future__ import annotations
@@ -11,13 +10,15 @@ import importlib.util
 import json
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from grooves.config import LoraConfig, parse_config
+from grooves.config import ConfigError, LoraConfig, check_against_model, parse_config
+from grooves.config.check import VLLM_MISSING, vllm_problems
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
 from grooves.policy.vllm import (
@@ -99,10 +100,11 @@ def test_sampling_params_map_to_vllm_arguments():
         shaped["presence_penalty"],
         shaped["logprobs"],
     ) == ({7: -100.0}, 0.5, -0.25, 3)
-    with pytest.raises(
-        ValueError, match="constrained decoding .* is not available with model.backend = 'vllm'"
-    ):
+    with pytest.raises(ValueError, match="no grammar text for vLLM's structured outputs"):
         vllm_sampling_kwargs(SamplingParams(constraint=lambda: None), {2})
+    grammar = SimpleNamespace(lark='start: %json {"type": "object"}')
+    constrained = vllm_sampling_kwargs(SamplingParams(constraint=grammar), {2})
+    assert constrained["structured_outputs"] == {"grammar": 'start: %json {"type": "object"}'}
 
 
 def test_vllm_top_logprobs_are_read_by_rank():
@@ -151,54 +153,55 @@ def test_importing_grooves_and_the_trainer_does_not_import_vllm_or_ray():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_the_vllm_backend_without_vllm_says_what_to_do(tiny_model_dir):
+def test_the_vllm_backend_without_vllm_fails_at_start_with_one_line(tiny_model_dir):
     config = parse_config({"model": {"base_model": str(tiny_model_dir), "backend": "vllm"}})
-    with pytest.raises(ImportError, match=r"needs vLLM on a CUDA machine: pip install 'grooves\[vllm\]'"):
+    with pytest.raises(ConfigError) as caught:
+        check_against_model(config)
+    assert str(caught.value) == VLLM_MISSING
+    assert "make setup-vllm" in VLLM_MISSING and "\n" not in VLLM_MISSING
+    with pytest.raises(ImportError, match=r"vLLM is not installed in this Python; build the vLLM-CPU"):
         build_policy(config)
 
 
-# ---- on a GPU with vLLM -----------------------------------------------------------------------
-def _gpu_policy(model_dir, tmp_path):
-    pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    from grooves.policy.vllm import VLLMPolicy
-
-    return VLLMPolicy(
-        str(model_dir),
-        lora=LoraConfig(rank=4, alpha=8),
-        dtype="float32",
-        device="cuda",
-        seed=0,
-        served_name="tiny",
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        adapter_dir=tmp_path / "adapters",
+def test_a_lora_rank_above_vllms_cap_is_refused_before_anything_loads(tiny_model_dir):
+    problems = vllm_problems(dtype="float32", lora_rank=600)
+    assert (
+        "lora.rank = 600 is above vLLM's largest max_lora_rank (512); lower it or use model.backend = 'transformers'"
+        in problems
     )
+    config = parse_config(
+        {
+            "model": {"base_model": str(tiny_model_dir), "backend": "vllm"},
+            "lora": {"rank": 600, "alpha": 1200},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"lora.rank = 600 is above vLLM's largest max_lora_rank \(512\)"):
+        check_against_model(config)
 
 
-def _forward_logprobs(model, prompt, tokens):
-    ids = torch.tensor([prompt + tokens], device=next(model.parameters()).device)
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # [P+T, V]
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # [T, V]
-    return logp.gather(-1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(-1).cpu()
+def test_an_adapter_above_the_engines_rank_cap_is_refused_by_name(tmp_path):
+    from grooves.policy.vllm import VllmAdapters
+
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32}))
+    adapters = VllmAdapters(None, None, threading.RLock(), lambda: None, max_rank=8)
+    with pytest.raises(ValueError, match="LoRA rank 16 is above the engine's max_lora_rank 8"):
+        adapters.load(tmp_path / "big", "big")
+    assert adapters.loaded() == [] and adapters.ref(None) is None
+    with pytest.raises(RuntimeError, match="only samples"):
+        adapters.bump()
 
 
-def test_vllm_samples_with_logprobs_of_the_trained_adapter(tiny_model_dir, tmp_path):
-    policy = _gpu_policy(tiny_model_dir, tmp_path)
-    prompt = policy.prompts.render([{"role": "user", "content": "hello"}], None)
-    params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=3)
-    for version in (0, 1):
-        if version == 1:  # an "optimizer step": new adapter weights, then the trainer's bump
-            with torch.no_grad():
-                for name, p in policy.model.named_parameters():
-                    if "lora_B" in name:
-                        p.normal_(0, 0.5)
-            assert policy.adapters.bump() == 1
-        completions = policy.generate([prompt], [params])[0]
-        assert len(completions) == 4
-        for c in completions:
-            expected = _forward_logprobs(policy.model, prompt, c.token_ids)
-            assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 2e-3, version
-    assert policy.adapters.publisher.current.lora_int_id == 2
+def test_a_streaming_request_gets_every_token_and_its_completion_once_the_batch_is_done():
+    from grooves.policy.sampling import Completion
+    from grooves.policy.vllm import replay_tokens
+
+    a = Completion(token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3], text="abc", finish_reason="stop")
+    b = Completion(token_ids=[9], logprobs=[-1.5], text="x", finish_reason="length")
+    calls = []
+    replay_tokens([a, b], calls.append)
+    assert [[(e.index, e.token, e.logprob, e.completion) for e in step] for step in calls] == [
+        [(0, 5, -0.1, None), (1, 9, -1.5, b)],
+        [(0, 6, -0.2, None)],
+        [(0, 7, -0.3, a)],
+    ]

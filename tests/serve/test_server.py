@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -23,6 +24,7 @@ from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
 from grooves.scale.policy_server import ThreadedServer
 from grooves.serve.app import create_app, inprocess_client
+from tiny_models import teach_answer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -213,25 +215,7 @@ def test_n8_through_real_http_with_the_openai_client(policy, app):
 def tool_policy(tiny_model_dir):
     """A tiny model trained until its greedy answer to WEATHER_QUESTION is exactly one tool call."""
     policy = TransformersPolicy(str(tiny_model_dir), served_name="tiny-tools")
-    tok = policy.tokenizer
-    prompt = policy.prompts.render(WEATHER_QUESTION, [WEATHER_TOOL])
-    target = tok(TOOL_CALL_TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    ids = torch.tensor([prompt + target])  # [1, P+T]
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100  # learn the answer only
-    model = policy.model
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        out = model(input_ids=ids, labels=labels)
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-        hits = out.logits[0, len(prompt) - 1 : -1].argmax(-1) == ids[0, len(prompt) :]
-        if bool(hits.all()) and out.loss.item() < 0.05:
-            break
-    model.eval()
-    assert bool(hits.all()), "the tiny model did not learn the tool call"
+    teach_answer(policy, WEATHER_QUESTION, [WEATHER_TOOL], TOOL_CALL_TEXT)
     return policy
 
 
@@ -449,14 +433,10 @@ BAD_REQUESTS = {
         "stream_options.include_obfuscation",
         None,
     ),
-    "parallel_tool_calls false with auto": (
-        {**_tool({"name": "g"}), "parallel_tool_calls": False},
-        400,
-        "parallel_tool_calls",
-        None,
-    ),
     "a field OpenAI does not have": ({**BASE, "temprature": 0.5}, 400, "temprature", None),
-    "a field this server refuses": ({**BASE, "user": "alice"}, 400, "user", None),
+    "a field this server refuses": ({**BASE, "safety_identifier": "alice"}, 400, "safety_identifier", None),
+    "user not a string": ({**BASE, "user": 42}, 400, "user", None),
+    "user past 256 characters": ({**BASE, "user": "u" * 257}, 400, "user", None),
     "reasoning_effort": ({**BASE, "reasoning_effort": "high"}, 400, "reasoning_effort", None),
     "store true": ({**BASE, "store": True}, 400, "store", None),
 }
@@ -685,6 +665,92 @@ def test_models_answer_while_a_prompt_is_being_rendered(policy, monkeypatch):
                 release.set()
             assert chat.result().status_code == 200
     assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["tiny"]
+
+
+def blocked_while(target, name: str, monkeypatch):
+    """Make `target.name` wait, once entered, until released (it stands for slow work of that kind);
+    returns (entered, release) events. The real function runs after the wait."""
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(target, name)
+
+    def slow(*args, **kwargs):
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, slow)
+    return entered, release
+
+
+def models_while_a_chat_waits(policy, body: dict, entered, release) -> tuple[httpx.Response, httpx.Response]:
+    """(/v1/models, the chat's response): /v1/models asked while the chat request is held at `entered`."""
+    with http_server(create_app(policy)) as base_url, httpx.Client(base_url=base_url, timeout=60) as http:
+        with ThreadPoolExecutor(1) as pool:
+            chat = pool.submit(http.post, "/chat/completions", json=body)
+            assert entered.wait(30), "the chat request never reached the held step"
+            try:
+                models = httpx.get(base_url + "/models", timeout=5)
+            finally:
+                release.set()
+            return models, chat.result()
+
+
+def test_models_answer_while_a_large_json_schema_compiles(policy, monkeypatch):
+    from grooves.policy.constraints import GrammarCompiler
+
+    entered, release = blocked_while(GrammarCompiler, "compile", monkeypatch)
+    # 400 properties: the compile is held here (5,000 took seconds, all of it on the loop before);
+    # past about 500 optional properties the grammar reaches llguidance's items-per-row limit
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "integer"} for i in range(400)}}
+    body = {
+        **BASE,
+        "seed": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}},
+    }
+    # before: the compile ran on the event loop, which could answer nothing until it ended (timeout)
+    models, chat = models_while_a_chat_waits(policy, body, entered, release)
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["tiny"]
+    assert chat.status_code == 200, chat.text
+
+
+def test_models_answer_while_a_large_body_is_validated(policy, monkeypatch):
+    from grooves.serve.schemas import ChatRequest
+
+    # validating 200,000 messages took 1.6 s on this machine, on the event loop before; here the
+    # validation is held, and the 20,000 messages are then refused as longer than the context
+    entered, release = blocked_while(ChatRequest, "model_validate", monkeypatch)
+    body = {**BASE, "messages": [{"role": "user", "content": "hi"}] * 20_000, "max_tokens": 1}
+    models, chat = models_while_a_chat_waits(policy, body, entered, release)
+    assert models.status_code == 200
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_user_is_accepted_and_logged_with_its_request(policy, caplog):
+    with http_server(create_app(policy)) as base_url, caplog.at_level(logging.INFO, logger="grooves.server"):
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        # before: a 400, "user is not supported by this server"
+        whole = client.chat.completions.create(
+            model="tiny", messages=BASE["messages"], max_tokens=3, temperature=0, user="alice@example.com"
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=BASE["messages"],
+                max_tokens=3,
+                temperature=0,
+                user="bob",
+                n=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    prompt = whole.usage.prompt_tokens
+    assert [r.getMessage() for r in caplog.records if r.name == "grooves.server"] == [
+        f'chat completion model="tiny" user="alice@example.com" n=1 prompt_tokens={prompt} '
+        f"completion_tokens={whole.usage.completion_tokens} finish={whole.choices[0].finish_reason}",
+        f'chat completion model="tiny" user="bob" n=2 prompt_tokens={prompt} '
+        f"completion_tokens={chunks[-1].usage.completion_tokens} finish=length,length",
+    ]
 
 
 def test_cancelled_rows_leave_the_batch_at_the_next_decode_step(policy):

@@ -107,7 +107,7 @@ def test_models_by_id_and_health(policy):
     client.post("/v1/chat/completions", json=BODY)
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["models"] == ["tiny"] and health["sampler"]["batches"] >= 1
-    assert set(health["tool_calls"]) == {"parsed", "unparsed"}
+    assert set(health["tool_calls"]) == {"parsed", "unparsed", "cut"}
 
 
 def test_serve_takes_the_key_from_the_environment(monkeypatch, tiny_model_dir):

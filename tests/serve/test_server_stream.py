@@ -240,6 +240,7 @@ def test_a_policy_that_cannot_run_a_grammar_refuses_it_before_sampling(tiny_mode
     for extra, param in (
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "parallel_tool_calls": False}, "parallel_tool_calls"),
     ):
         resp = client.post("/v1/chat/completions", json=body | extra)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param

@@ -13,7 +13,7 @@ import signal
 import typer
 from rich.console import Console
 
-from grooves.models import DEFAULT_MODEL, ModelError
+from grooves.models import DEFAULT_MODEL, ModelError, served_name_of
 from grooves.service.validate import MAX_SEQUENCE_TOKENS, MAX_STEP_TOKENS, MAX_STEP_TRAJECTORIES, StepLimits
 
 console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
@@ -66,11 +66,19 @@ def serve_command(
         None, "--max-body-bytes", min=1, help="Largest request body; default 8 MiB (8388608)."
     ),
     served_name: str | None = typer.Option(
-        None, "--served-name", help="Model name clients send; default: the --model value."
+        None,
+        "--served-name",
+        help="Model name clients send; default: the --model alias or hub id, or a directory's own name (its last part).",
     ),
     device: str = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps."),
     dtype: str = typer.Option(
         "float32", "--dtype", help="float32 keeps sampler and trainer logprobs equal; bfloat16 halves memory."
+    ),
+    backend: str = typer.Option(
+        "transformers",
+        "--backend",
+        help="transformers (grooves' own sampler) or vllm (vLLM's engine: a CUDA GPU, or the CPU build in "
+        ".venv-vllm; see docs/vllm.md).",
     ),
     train: bool = typer.Option(
         False,
@@ -114,14 +122,15 @@ def serve_command(
     """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
     from grooves.adapters.admin import mount_admin
     from grooves.cli.adapters import parse_adapter_options
-    from grooves.policy.transformers import TransformersPolicy
+    from grooves.config import ConfigError
     from grooves.serve.app import create_app, serve
     from grooves.serve.keys import ApiKeys
     from grooves.serve.routing import AdapterTable
 
     api_key = api_key or None  # GROOVES_API_KEY="" sets no key
+    served_name = served_name or served_name_of(model)  # a name, never the operator's path
     try:
-        own, named = parse_adapter_options(adapter, served_name or model)
+        own, named = parse_adapter_options(adapter, served_name)
         if api_key and api_keys:
             raise ValueError("--api-key and --api-keys: pass one of them (a keys file can hold one key)")
         if train and admin:
@@ -146,6 +155,13 @@ def serve_command(
         )
     limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
     limits = {k: v for k, v in limits.items() if v is not None}
+    if backend not in ("transformers", "vllm"):
+        raise _fail(f"--backend {backend!r}: use transformers or vllm")
+    if train and backend == "vllm":
+        raise _fail(
+            "--backend vllm with --train: the training service shares one base model among trainable models "
+            "on transformers; drop --backend, or train with model.backend = 'vllm' in a run file"
+        )
     if train:
         limits["limits"] = StepLimits(max_step_tokens, max_step_trajectories, max_sequence_tokens)
         _serve_training(
@@ -165,10 +181,10 @@ def serve_command(
         )
         return
     try:
-        policy = TransformersPolicy(
-            model, adapter_path=own, served_name=served_name or model, device=device, dtype=dtype
-        )
+        policy = _serving_policy(backend, model, own, served_name, device, dtype)
     except ModelError as exc:
+        raise _fail(str(exc)) from exc
+    except (ConfigError, ImportError) as exc:  # the vLLM backend cannot start as asked: one line each
         raise _fail(str(exc)) from exc
     except OSError as exc:  # transformers' error for a hub id it cannot reach or find
         raise _fail(
@@ -180,7 +196,7 @@ def serve_command(
     console.print(
         f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False
     )
-    if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
+    if device == "cpu" and backend == "transformers" and "OMP_WAIT_POLICY" not in os.environ:
         # libgomp's spinning threads stall the sampler when other processes share the cores (docs/speed.md, change 2)
         console.print(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
@@ -192,6 +208,19 @@ def serve_command(
     if admin:
         mount_admin(app)
     serve(app, host=host, port=port)
+
+
+def _serving_policy(backend: str, model: str, own, served_name: str, device: str, dtype: str):
+    """The policy `grooves serve` samples with: grooves' own sampler, or vLLM's engine (sampling only)."""
+    if backend == "vllm":
+        from grooves.policy.vllm import VLLMPolicy
+
+        return VLLMPolicy(
+            model, lora=None, adapter_path=own, served_name=served_name, device=device, dtype=dtype
+        )
+    from grooves.policy.transformers import TransformersPolicy
+
+    return TransformersPolicy(model, adapter_path=own, served_name=served_name, device=device, dtype=dtype)
 
 
 def _serve_training(

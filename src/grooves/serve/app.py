@@ -171,11 +171,23 @@ def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float 
 
 
 def serve(policy_or_app, *, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
-    """Serve an app (or `create_app(policy, **options)`) with uvicorn until interrupted."""
+    """Serve an app (or `create_app(policy, **options)`) with uvicorn until interrupted; grooves' own
+    log lines (each answered request, with its `user`) go out beside uvicorn's (`log_config`)."""
     import uvicorn
 
     app = policy_or_app if isinstance(policy_or_app, FastAPI) else create_app(policy_or_app, **options)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config())
+
+
+def log_config() -> dict:
+    """uvicorn's logging setup, plus the `grooves` loggers at INFO on uvicorn's stderr handler."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["grooves"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
 
 
 def _served_paths(app: FastAPI) -> list[str]:

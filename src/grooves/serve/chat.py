@@ -1,17 +1,23 @@
 """The chat completions endpoints: `/v1/models`, `/v1/models/{id}`, `/v1/chat/completions`, `/health`.
 
 A request is checked (model, limits, content parts, tools, every field against the compatibility
-table of `serve.compat`), its prompt rendered by the policy on a worker thread (a long prompt does
-not stall the event loop), its `response_format` / `tool_choice` compiled into a grammar
-(`policy.constraints`), and it is sampled through the app's `BatchScheduler` with the adapter its
-`model` names, answered whole or streamed (`serve.streaming`). A failure while sampling fails only
-this request (a JSON 500 that leaves the connection open); a request whose client disconnects is
-withdrawn from the sampler at its next decode step.
+table of `serve.compat`), its prompt rendered by the policy, its `response_format` / `tool_choice`
+/ `parallel_tool_calls` compiled into a grammar (`policy.constraints`), and it is sampled through
+the app's `BatchScheduler` with the adapter its `model` names, answered whole or streamed
+(`serve.streaming`). Everything whose cost grows with the request runs on a worker thread, never
+on the event loop, so one large request does not stall the others (`/v1/models` answers while
+it runs): reading the body's JSON and validating it (200,000 messages: seconds), checking tool
+schemas, rendering, compiling a grammar (5,000 properties: seconds), and building the answer. A
+failure while sampling fails only this request (a JSON 500 that leaves the connection open; a
+grammar that reaches a limit while sampling is the request's fault, a 400 naming the field); a
+request whose client disconnects is withdrawn from the sampler at its next decode step. Each
+answered request is logged on the `grooves.server` logger with its `user`, when it sends one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -19,6 +25,8 @@ from typing import Any
 
 import jsonschema
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from grooves.policy.base import ContextOverflow, Policy
 from grooves.policy.batching import BatchScheduler
@@ -26,9 +34,16 @@ from grooves.policy.constraints import ConstraintError
 from grooves.policy.logits import LOGIT_BIAS_RANGE
 from grooves.policy.sampling import Completion, SamplingParams
 from grooves.serve import compat
-from grooves.serve.errors import APIError
+from grooves.serve.errors import APIError, sampling_error
 from grooves.serve.routing import AdapterTable, UnknownModel
-from grooves.serve.schemas import ChatRequest, Message, choice_body, completion_body, logprobs_block
+from grooves.serve.schemas import (
+    ChatRequest,
+    Message,
+    choice_body,
+    completion_body,
+    log_answer,
+    logprobs_block,
+)
 from grooves.serve.streaming import stream_completion
 
 log = logging.getLogger("grooves.server")
@@ -82,11 +97,16 @@ def chat_router(
                 "failed_requests": counters.failed_requests,
                 "cancelled_requests": counters.cancelled_requests,
             },
-            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed},
+            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed, "cut": calls.cut},
         }
 
-    @router.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
+    @router.post(
+        "/v1/chat/completions",
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {}}}},
+    )
+    async def chat(request: Request):
+        # the body is read here, parsed and validated on a worker thread (`read_request`)
+        req = await asyncio.to_thread(read_request, await request.body())
         if req.model not in adapters.names():
             raise APIError(
                 404,
@@ -106,37 +126,7 @@ def chat_router(
                 f"limit of {max_request_tokens} per request; lower n or {name}",
                 name,
             )
-        check_content(req.messages)
-        validate_tools(req.tools)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = req.tools if req.tool_choice != "none" else None
-
-        def render() -> list[int]:  # tokenizing a long prompt takes a while: not on the event loop
-            ids = policy.prompts.render(messages, tools)
-            policy.prompts.check_fits(ids, max_tokens)
-            return ids
-
-        try:
-            prompt_ids = await asyncio.to_thread(render)
-        except ContextOverflow as exc:
-            raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
-        except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
-            raise APIError(
-                400, f"messages could not be rendered by the chat template: {exc}", "messages"
-            ) from exc
-        params = SamplingParams(
-            n=req.n,
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            stop=req.stop or [],
-            seed=req.seed,
-            logit_bias=logit_bias_of(req, int(policy.model.config.vocab_size)),
-            frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
-            top_logprobs=req.top_logprobs or 0,
-            constraint=constraint_of(policy, req, tools),
-        )
+        messages, tools, prompt_ids, params = await asyncio.to_thread(prepare, policy, req, max_tokens)
         if req.stream:
             return stream_completion(policy, scheduler, adapters, req, messages, tools, prompt_ids, params)
         try:
@@ -149,11 +139,76 @@ def chat_router(
                 )
         except UnknownModel as exc:  # removed while this request was being rendered
             raise APIError(404, str(exc), "model", "model_not_found") from exc
+        body = await asyncio.to_thread(
+            _response, policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id
+        )
         if meter is not None:
             meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
-        return _response(policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id)
+        log_answer(
+            req,
+            len(prompt_ids),
+            [(c, ch["finish_reason"]) for c, ch in zip(completions, body["choices"], strict=True)],
+        )
+        return body
 
     return router
+
+
+def read_request(body: bytes) -> ChatRequest:
+    """The request body as a `ChatRequest` (a 400 naming the field, as FastAPI's own validation)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # not JSON, bytes that are no text, nesting past the stack
+        error = getattr(exc, "msg", None) or (
+            "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8, UTF-16 or UTF-32 text"
+        )
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", getattr(exc, "pos", 0)),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": error},
+                }
+            ]
+        ) from None
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+
+
+def prepare(policy: Policy, req: ChatRequest, max_tokens: int):
+    """(messages, tools, prompt ids, sampling params) of a checked request; on a worker thread, since
+    each step grows with the request: checking its parts and tool schemas, rendering, compiling its grammar."""
+    check_content(req.messages)
+    validate_tools(req.tools)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = req.tools if req.tool_choice != "none" else None
+    try:
+        prompt_ids = policy.prompts.render(messages, tools)
+        policy.prompts.check_fits(prompt_ids, max_tokens)
+    except ContextOverflow as exc:
+        raise APIError(400, str(exc), "messages", "context_length_exceeded") from exc
+    except (KeyError, TypeError, ValueError) as exc:  # a message the chat template cannot render
+        raise APIError(
+            400, f"messages could not be rendered by the chat template: {exc}", "messages"
+        ) from exc
+    params = SamplingParams(
+        n=req.n,
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        stop=req.stop or [],
+        seed=req.seed,
+        logit_bias=logit_bias_of(req, vocab_size(policy)),
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        top_logprobs=req.top_logprobs or 0,
+        constraint=constraint_of(policy, req, tools),
+    )
+    return messages, tools, prompt_ids, params
 
 
 def validate_tools(tools: list[dict[str, Any]] | None) -> None:
@@ -227,13 +282,13 @@ def check_fields(req: ChatRequest) -> None:
             raise APIError(
                 400, "stream_options.include_usage must be true or false", "stream_options.include_usage"
             )
-    if req.parallel_tool_calls is False and req.tools and req.tool_choice in (None, "auto"):
-        raise APIError(
-            400,
-            "parallel_tool_calls: false is only enforced with a forced tool_choice ('required' or a named "
-            "function); with 'auto' the model may write several calls",
-            "parallel_tool_calls",
-        )
+
+
+def vocab_size(policy: Policy) -> int:
+    """The token ids a request may name: the model's vocabulary, or the tokenizer's where the policy
+    holds no model of its own (a vLLM policy that only samples keeps its weights in the engine)."""
+    model = getattr(policy, "model", None)
+    return int(model.config.vocab_size) if model is not None else len(policy.tokenizer)
 
 
 def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
@@ -255,14 +310,8 @@ def logit_bias_of(req: ChatRequest, vocab_size: int) -> dict[int, float]:
 
 
 def constraint_of(policy: Policy, req: ChatRequest, tools):
-    """The grammar `response_format` / `tool_choice` impose (None: none); 400 naming the field it cannot enforce."""
-    wants = (req.response_format or {}).get("type", "text") != "text" or req.tool_choice not in (
-        None,
-        "auto",
-        "none",
-    )
-    if not wants:
-        return None
+    """The grammar `response_format` / `tool_choice` / `parallel_tool_calls` impose (None: none); 400
+    naming the field it cannot enforce."""
     try:
         return policy.prompts.constraint_for(
             response_format=req.response_format,
@@ -299,8 +348,7 @@ async def _sample_unless_gone(scheduler: BatchScheduler, request: Request, promp
     try:
         return sampling.result()
     except Exception as exc:  # this request's own failure; requests batched with it were answered
-        log.error("sampling failed: %s: %s", type(exc).__name__, exc)
-        raise APIError(500, f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
+        raise sampling_error(exc) from exc
 
 
 async def _disconnected(request: Request) -> None:
@@ -324,12 +372,13 @@ def _response(
     with its token ids, so a later turn of the conversation continues them exactly."""
     choices = []
     for i, c in enumerate(completions):
-        parsed = policy.prompts.parse(c.text, tools)
+        cut = c.finish_reason == "length"  # a call cut at max_tokens is returned as a call, never as text
+        parsed = policy.prompts.parse(c.text, tools, cut=cut)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         policy.prompts.remember(messages, tools, message, prompt_ids, c)
-        finish = "tool_calls" if parsed.tool_calls else c.finish_reason
+        finish = "tool_calls" if parsed.tool_calls and not cut else c.finish_reason
         block = (
             logprobs_block(policy.tokenizer, c.token_ids, c.logprobs, c.top_logprobs)
             if req.logprobs

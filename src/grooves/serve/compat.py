@@ -36,20 +36,26 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
         "limited",
         "roles system, developer, user, assistant, tool; text content only (an image, audio or file part is a 400)",
     ),
-    "tools": FieldSupport("limited", "function tools; `parameters` must be an object JSON schema"),
+    "tools": FieldSupport(
+        "limited",
+        "function tools; `parameters` must be an object JSON schema; a call written under a grammar takes"
+        " only the keys its tool declares (no `additionalProperties` counts as false)",
+    ),
     "tool_choice": FieldSupport(
         "limited",
         '"none", "auto", "required", or a named function; a forced call is enforced by a grammar'
-        " (a 400 on the vLLM backend)",
+        " (on the vLLM backend, vLLM's own llguidance), a tool without `parameters` takes exactly `{}`",
     ),
     "parallel_tool_calls": FieldSupport(
         "limited",
-        "true (the default); false only with a forced `tool_choice`, whose grammar then allows one call",
+        'true (the default) or false: at most one call, enforced by a grammar (with "auto": text or'
+        " exactly one call; on the vLLM backend, vLLM's own llguidance)",
     ),
     "n": FieldSupport("limited", "1 to `--max-n` (default 64)"),
     "max_tokens": FieldSupport(
         "limited",
-        "default 256; `n x max_tokens` at most `--max-request-tokens`; prompt + it within the context",
+        "default 256; `n x max_tokens` at most `--max-request-tokens`; prompt + it within the context;"
+        " a call it cuts comes back as a call with its arguments as far as written",
     ),
     "max_completion_tokens": FieldSupport("limited", "as `max_tokens`, and wins over it"),
     "temperature": FieldSupport("supported", "0 to 2; 0 is greedy and reports temperature-1 logprobs"),
@@ -65,14 +71,16 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "frequency_penalty": FieldSupport("supported", "-2 to 2, OpenAI's formula"),
     "response_format": FieldSupport(
         "limited",
-        "text, json_object, json_schema (strict or not), enforced by a grammar (a 400 on the vLLM backend);"
-        " output cut at max_tokens is a prefix",
+        "text, json_object, json_schema (strict or not), enforced by a grammar (on the vLLM backend, vLLM's"
+        " own llguidance); output cut at max_tokens is a prefix",
     ),
     "stream": FieldSupport("supported", "server-sent `chat.completion.chunk` events, then `[DONE]`"),
     "stream_options": FieldSupport("limited", "`include_usage` only, with `stream: true`"),
     "store": _refused("nothing is stored; false is accepted", False),
     "metadata": _refused("only meaningful with `store`"),
-    "user": _refused("grooves keeps no per-user records"),
+    "user": FieldSupport(
+        "supported", "a string of at most 256 characters, recorded in the server's log line of the request"
+    ),
     "safety_identifier": _refused("grooves keeps no per-user records"),
     "prompt_cache_key": _refused("no prompt cache to route"),
     "prompt_cache_retention": _refused("no prompt cache"),
@@ -100,14 +108,15 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
         "supported", "the text outside tool calls; null when there is none"
     ),
     "choices[].message.tool_calls": FieldSupport(
-        "supported", "calls parsed from the text (id, type, function name and arguments)"
+        "supported",
+        "calls parsed from the text (id, type, function name and arguments); a call cut at max_tokens with its arguments as far as written",
     ),
     "choices[].message.refusal": FieldSupport("refused", "never sent: no refusal classifier"),
     "choices[].message.annotations": FieldSupport("refused", "never sent: no web search"),
     "choices[].message.audio": FieldSupport("refused", "never sent: text only"),
     "choices[].message.function_call": FieldSupport("refused", "never sent: calls come as `tool_calls`"),
     "choices[].finish_reason": FieldSupport(
-        "limited", '"stop", "length", "tool_calls"; never "content_filter"'
+        "limited", '"stop", "length" (also when a tool call was cut), "tool_calls"; never "content_filter"'
     ),
     "choices[].logprobs": FieldSupport(
         "supported", "`content` entries with token, logprob, bytes, top_logprobs; null unless asked"

@@ -8,17 +8,24 @@ keeps as extra attributes.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from grooves.policy.logits import PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion
 
+log = logging.getLogger("grooves.server")
+
 StrictFloat = Annotated[float, Field(strict=True)]
 """A JSON number; `true` is refused instead of read as 1."""
+
+MAX_USER_CHARS = 256
+"""The longest `user` (an end-user id) a request may send; it goes into a log line."""
 
 
 class ToolCallFunction(BaseModel):
@@ -85,6 +92,8 @@ class ChatRequest(BaseModel):
     presence_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     frequency_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     parallel_tool_calls: StrictBool | None = None
+    user: StrictStr | None = Field(default=None, max_length=MAX_USER_CHARS)
+    """OpenAI's end-user identifier: recorded in the server's log line of the request."""
 
     @field_validator("stop")
     @classmethod
@@ -175,3 +184,17 @@ def completion_body(
         "choices": choices,
         "usage": usage_body(prompt_tokens, completion_tokens),
     }
+
+
+def log_answer(req: ChatRequest, prompt_tokens: int, choices: list[tuple[Completion, str]]) -> None:
+    """One line per answered request on `grooves.server`, with the caller's `user` (OpenAI's end-user
+    id; `-` when it sent none) and each choice's finish reason."""
+    log.info(
+        "chat completion model=%s user=%s n=%d prompt_tokens=%d completion_tokens=%d finish=%s",
+        json.dumps(req.model),
+        json.dumps(req.user) if req.user is not None else "-",
+        req.n,
+        prompt_tokens,
+        sum(len(c.token_ids) for c, _ in choices),
+        ",".join(finish for _, finish in choices),
+    )

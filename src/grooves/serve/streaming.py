@@ -20,8 +20,16 @@ One chunk carries what one decode step gave all of a request's choices: with `n 
 most once), so the choices interleave by `index` and a step costs one event, not n.
 
 Then, with `stream_options.include_usage`, a chunk with no choices and the request's `usage`
-(every other chunk carries `usage: null`), and `data: [DONE]`. A failure after the first byte is
-an event `{"error": {...}}` (OpenAI's shape; the `openai` client raises it), then the stream ends.
+(every other chunk carries `usage: null`), and `data: [DONE]`.
+
+The status line and headers go out with the first chunk, once the sampler has drawn the first
+token (`FirstChunkResponse`): a request that fails before that (its grammar reaching a limit on
+the first token, its model removed) is answered with the status and JSON error an unstreamed
+request gets. A failure after the first chunk is an event `{"error": {...}}` (OpenAI's shape; the
+`openai` client raises it), then the stream ends.
+
+A choice cut at max_tokens inside a tool call sends that call (`tool_calls.parse_cut`): its
+arguments as far as written, `finish_reason` "length"; never the call's markup as content.
 """
 
 from __future__ import annotations
@@ -34,16 +42,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import Completion, SamplingParams, TokenEvent
 from grooves.policy.text_stream import TextStream
 from grooves.policy.tool_calls import CallStream, CallSyntax, ParsedOutput
-from grooves.serve.errors import error_body
+from grooves.serve.errors import APIError, error_body, sampling_error
 from grooves.serve.routing import AdapterTable, UnknownModel
-from grooves.serve.schemas import ChatRequest, logprobs_block, token_record, usage_body
+from grooves.serve.schemas import ChatRequest, log_answer, logprobs_block, token_record, usage_body
 
 log = logging.getLogger("grooves.server")
 
@@ -85,13 +93,14 @@ class ChoiceStream:
         self, completion: Completion, extras: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], ParsedOutput]:
         """The choice's last deltas and final chunk, and the parse of its whole text (for the message record)."""
+        cut = completion.finish_reason == "length"
         content, calls = self.calls.feed(self.text.finish(completion.text))
-        rest, more, parsed = self.calls.finish()
+        rest, more, parsed = self.calls.finish(cut=cut)
         out = self._deltas(content + rest, calls + more)
         if self._space and not self.tool_calls:  # no call came: the text keeps its trailing whitespace
             out.append(self._choice({"content": self._space}))
             self.content += self._space
-        finish = "tool_calls" if self._calls_sent else completion.finish_reason
+        finish = "tool_calls" if self._calls_sent and not cut else completion.finish_reason
         out.append(self._choice({}, finish_reason=finish) | extras)
         self.done = True
         return out, parsed
@@ -183,6 +192,31 @@ def _ended(task: asyncio.Future, queue: asyncio.Queue) -> None:
         task.exception()
 
 
+class FirstChunkResponse(StreamingResponse):
+    """A stream whose status and headers go out with its first chunk: an `APIError` raised before
+    that chunk is answered as an unstreamed request's error (its status and JSON body)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = self.body_iterator
+        try:
+            first = await body.__anext__()
+        except APIError as exc:
+            error = error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code)
+            await JSONResponse(error, status_code=exc.status)(scope, receive, send)
+            return
+        except StopAsyncIteration:
+            first = None
+
+        async def chained():
+            if first is not None:
+                yield first
+            async for chunk in body:
+                yield chunk
+
+        self.body_iterator = chained()
+        await super().__call__(scope, receive, send)
+
+
 def stream_completion(
     policy: Policy,
     scheduler: BatchScheduler,
@@ -213,6 +247,34 @@ def stream_completion(
         )
         for i in range(req.n)
     ]
+    finished: dict[int, tuple[Completion, str]] = {}
+    """Choice index -> (its completion, the finish reason sent), for the request's log line."""
+
+    async def step_deltas(step: list[TokenEvent], route, version) -> list[dict[str, Any]]:
+        deltas = []
+        for event in step:
+            choice = choices[event.index]
+            deltas += choice.token(event)
+            if event.completion is None:
+                continue
+            record = token_record(
+                event.completion,
+                prompt_ids,
+                adapter_version=version,
+                adapter_id=route.adapter_id,
+                temperature=req.temperature,
+            )
+            last = choice.finish(event.completion, record)[0]
+            deltas += last
+            finished[event.index] = (event.completion, last[-1]["finish_reason"])
+            cut = event.completion.finish_reason == "length"
+            prompts.parse(
+                event.completion.text, tools, cut=cut
+            )  # counted and logged as an unstreamed answer is
+            await asyncio.to_thread(
+                prompts.remember, messages, tools, choice.message(), prompt_ids, event.completion
+            )
+        return deltas
 
     async def events():
         sampling = None
@@ -223,44 +285,31 @@ def stream_completion(
                     scheduler.submit(prompt_ids, params, adapter=route.adapter_id)
                 )
                 sampling.add_done_callback(lambda task: _ended(task, queue))
+                step = await queue.get()  # the first chunk waits for the first token (`FirstChunkResponse`)
+                if step is None and sampling.exception() is not None:
+                    raise sampling_error(sampling.exception())
                 yield writer.chunk([c.first() for c in choices])
-                while (step := await queue.get()) is not None:
-                    deltas = []
-                    for event in step:
-                        choice = choices[event.index]
-                        deltas += choice.token(event)
-                        if event.completion is not None:
-                            record = token_record(
-                                event.completion,
-                                prompt_ids,
-                                adapter_version=version,
-                                adapter_id=route.adapter_id,
-                                temperature=req.temperature,
-                            )
-                            deltas += choice.finish(event.completion, record)[0]
-                            prompts.parse(
-                                event.completion.text, tools
-                            )  # counted and logged as an unstreamed answer is
-                            prompts.remember(messages, tools, choice.message(), prompt_ids, event.completion)
+                while step is not None:
+                    deltas = await step_deltas(step, route, version)
                     if deltas:
                         yield writer.chunks(deltas)
+                    step = await queue.get()
                 try:
                     completions = sampling.result()
                 except Exception as exc:  # headers are out: the error goes in the stream, as OpenAI sends it
-                    log.error("sampling failed: %s: %s", type(exc).__name__, exc)
-                    yield sse(
-                        error_body(f"sampling failed: {type(exc).__name__}: {exc}", kind="server_error")
-                    )
+                    error = sampling_error(exc)
+                    yield sse(error_body(error.message, kind=error.kind, param=error.param))
                     return
                 if include_usage:
                     yield writer.usage(
                         usage_body(len(prompt_ids), sum(len(c.token_ids) for c in completions))
                     )
                 yield sse("[DONE]")
-        except UnknownModel as exc:  # removed after the request was checked
-            yield sse(error_body(str(exc), param="model", code="model_not_found"))
+                log_answer(req, len(prompt_ids), [finished[i] for i in sorted(finished)])
+        except UnknownModel as exc:  # removed after the request was checked, before the stream began
+            raise APIError(404, str(exc), "model", "model_not_found") from exc
         finally:
             if sampling is not None and not sampling.done():  # the client left: withdraw the request
                 sampling.cancel()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return FirstChunkResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grooves.core.intervals import bootstrap_interval, wilson_interval
 from grooves.jsonl import read_jsonl
+from grooves.report.intervals import bootstrap_interval, wilson_interval
 
 
 def load(files: list[Path]) -> dict[str, list[tuple[float, bool]]]:

@@ -60,11 +60,11 @@ def main() -> None:
     import torch
 
     from grooves.config import resolve_init_adapter
-    from grooves.core.gather import gather
-    from grooves.core.handle import ModelHandle
-    from grooves.core.intervals import wilson_interval
     from grooves.models import resolve_model
     from grooves.policy.transformers import TransformersPolicy
+    from grooves.report.intervals import wilson_interval
+    from grooves.rollouts.gather import gather
+    from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import inprocess_client
     from grooves.tasks.environment import EnvironmentTask
 

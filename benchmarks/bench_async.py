@@ -1,6 +1,6 @@
 """What rollouts ahead of the trainer (`rollout.max_staleness`) give on this machine.
 
-Trains the `capitals` task on SmolLM2-135M with `grooves.train` for a few steps at
+Trains the `capitals` task on SmolLM2-135M with `grooves.training` for a few steps at
 max_staleness 0 (on-policy) and 1, each with and without a simulated environment: every rollout
 first waits `--env-seconds` (a tool call, a sandbox, a judge over HTTP: time in which the policy
 is idle), then samples its answer. Reported per setting: the median over the steps after the
@@ -45,7 +45,7 @@ class WaitingCapitals:
 
 def run(k: int, env_seconds: float, args, out: Path) -> dict:
     from grooves.config import parse_config
-    from grooves.train.loop import train
+    from grooves.training.loop import train
 
     config = parse_config(
         {

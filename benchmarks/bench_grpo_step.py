@@ -15,7 +15,7 @@ seconds, completion tokens per step, tokens/s (completion tokens / step seconds)
 The floor row is the step's matmul FLOPs over this machine's measured matmul rate
 (`bench_floor.py`), for grooves' median token counts.
 
-`--dp-ranks N` adds a row for grooves' data-parallel path (`train.distributed`): N rank
+`--dp-ranks N` adds a row for grooves' data-parallel path (`training.distributed`): N rank
 processes on the same device (gloo; NCCL takes one GPU per rank), each sampling its share of the
 step's rollouts and training its share of the sequences, gradients summed with one all_reduce.
 On one device the ranks share it, so the row measures what the path costs there, not a speed-up;
@@ -67,17 +67,17 @@ def grooves_worker(args) -> None:
     import torch
 
     from grooves.config import LoraConfig, RunConfig
-    from grooves.core.gather import gather
-    from grooves.core.handle import ModelHandle
     from grooves.core.trajectory import Trajectory
     from grooves.policy.fast import fast_paths
     from grooves.policy.transformers import TransformersPolicy
+    from grooves.rollouts.gather import gather
+    from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import inprocess_client
-    from grooves.train.checkpoint import seed_everything
-    from grooves.train.distributed import DataParallel
-    from grooves.train.loop import build_policy
-    from grooves.train.optim import adamw
-    from grooves.train.step import optimize, run_loss, to_sequences
+    from grooves.training.checkpoint import seed_everything
+    from grooves.training.distributed import DataParallel
+    from grooves.training.loop import build_policy
+    from grooves.training.optim import adamw
+    from grooves.training.step import optimize, run_loss, to_sequences
 
     torch.set_num_threads(args.threads)
     dp = DataParallel.from_env()  # --dp-ranks: this process is one rank of the data-parallel row

@@ -5,7 +5,7 @@ projection): 4 groups of 8 rollouts per step, at most 24 completion tokens, then
 with a checkpoint every step (`logging.checkpoint_every = 1`, which a service needs to come back
 after a kill; the in-process side does the same).
 
-- in-process: the trainer's step as `train.loop.run` takes it: `gather` through the in-process
+- in-process: the trainer's step as `training.loop.run` takes it: `gather` through the in-process
   OpenAI-compatible app (no socket), `train_step`, then the run folder (metrics row, samples,
   checkpoint, reward curve);
 - service: `grooves serve --train` in a second process on loopback; the loop in this process
@@ -84,16 +84,16 @@ class CpuClock:
 
 
 class InProcess:
-    """The trainer's step in this process, as `train.loop.run` takes it."""
+    """The trainer's step in this process, as `training.loop.run` takes it."""
 
     def __init__(self, config, run_dir: Path):
-        from grooves.core.handle import ModelHandle
         from grooves.policy import policy_for
+        from grooves.rollouts.handle import ModelHandle
         from grooves.serve.app import create_app, inprocess_client
-        from grooves.train.checkpoint import seed_everything
-        from grooves.train.optim import adamw
-        from grooves.train.runlog import RunLog
-        from grooves.train.step import run_loss
+        from grooves.training.checkpoint import seed_everything
+        from grooves.training.optim import adamw
+        from grooves.training.runlog import RunLog
+        from grooves.training.step import run_loss
 
         seed_everything(config.seed)
         self.config = config
@@ -113,9 +113,9 @@ class InProcess:
 
     async def step(self, step: int, scenarios: list[dict]) -> dict:
         from grooves.config import dump_config
-        from grooves.core.gather import gather
-        from grooves.train.checkpoint import TrainState, save_checkpoint
-        from grooves.train.step import reward_stats, train_step
+        from grooves.rollouts.gather import gather
+        from grooves.training.checkpoint import TrainState, save_checkpoint
+        from grooves.training.step import reward_stats, train_step
 
         c = self.config
         t0 = time.perf_counter()
@@ -206,10 +206,10 @@ def _start_service(train_dir: Path, port: int, threads: int) -> subprocess.Popen
 async def run(args) -> dict:
     import torch
 
-    from grooves.client import TrainableModel
     from grooves.config import load_config
+    from grooves.remote import TrainableModel
     from grooves.tasks.capitals import CapitalsTask
-    from grooves.train.data import ScenarioStream
+    from grooves.training.data import ScenarioStream
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-service-"))

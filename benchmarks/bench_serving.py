@@ -236,7 +236,7 @@ def main() -> None:
     from grooves.models import ensure_model
     from grooves.policy.transformers import TransformersPolicy
     from grooves.serve.app import create_app
-    from grooves.serve.routing import AdapterTable
+    from grooves.serve.routing import ModelRoutes
 
     torch.set_num_threads(args.threads)
     base = ensure_model()
@@ -247,7 +247,7 @@ def main() -> None:
         return
     merged = export_adapter(adapter, tmp / "export", adapter=False).merged_dir
     policy = TransformersPolicy(str(base), served_name="base")
-    table = AdapterTable(policy)
+    table = ModelRoutes(policy)
     table.add("adapter", adapter)
     merged_policy = TransformersPolicy(str(merged), served_name="merged")
     rows = []

@@ -45,8 +45,8 @@ def write_gold(out: Path) -> int:
 
 
 async def _score(policy, split: str, temperature: float, samples: int, seed: int) -> dict[str, float]:
-    from grooves.core.gather import gather
-    from grooves.core.handle import ModelHandle
+    from grooves.rollouts.gather import gather
+    from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import inprocess_client
     from grooves.tasks.capitals import CapitalsTask
 

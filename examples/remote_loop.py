@@ -28,10 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from grooves.client import TrainableModel
-from grooves.config import RunConfig, load_config, parse_overrides
-from grooves.tasks.capitals import CapitalsTask
-from grooves.train.data import ScenarioStream
+from grooves import RunConfig, ScenarioStream, TrainableModel, load_config, load_task, parse_overrides
 
 ROOT = Path(__file__).resolve().parent
 
@@ -57,7 +54,7 @@ def start_service(model: str, train_dir: str, port: int) -> subprocess.Popen:
     raise SystemExit(f"the service did not answer within 300 s; see {train_dir}/service.log")
 
 
-async def held_out_success(model: TrainableModel, task: CapitalsTask, step: int) -> float:
+async def held_out_success(model: TrainableModel, task, step: int) -> float:
     """Validation as the trainer runs it: its scenarios, samples, temperature and seed (run seed + 1)."""
     v = model.config.validation
     groups = await model.gather(
@@ -73,7 +70,7 @@ async def held_out_success(model: TrainableModel, task: CapitalsTask, step: int)
 
 
 async def loop(url: str, config: RunConfig, args: argparse.Namespace) -> None:
-    task = CapitalsTask()
+    task = load_task("capitals")
     model = await TrainableModel.create(url, args.name, config, api_key=args.api_key, exist_ok=True)
     per_step = config.rollout.groups_per_step
     stream = ScenarioStream(task.scenarios("train"), config.seed, position=model.step * per_step)

@@ -312,7 +312,7 @@ def test_hub_id_of_the_embedded_default_a_cache_snapshot_and_an_old_config(tiny_
 def test_a_checkpoint_adapter_records_its_base_by_hub_id_path_and_hash(tiny_model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from grooves.train.checkpoint import TrainState, save_checkpoint
+    from grooves.training.checkpoint import TrainState, save_checkpoint
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)

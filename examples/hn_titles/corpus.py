@@ -32,7 +32,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from grooves.jsonl import write_models
 from hn_titles.support import supported_fraction
 
 
@@ -79,7 +78,9 @@ def read_stories(path: str | Path) -> list[Story]:
 
 
 def write_stories(path: str | Path, stories: Iterable[Story]) -> Path:
-    return write_models(path, stories, append=False)
+    path = Path(path)
+    path.write_text("".join(s.model_dump_json() + "\n" for s in stories))
+    return path
 
 
 SENSATIONAL = {

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grooves.rewards import HashedNgramEncoder, RewardModel, RidgeHead
-from grooves.rewards.model import Example, train_reward_model
+from grooves.rewards import Example, HashedNgramEncoder, RewardModel, RidgeHead, train_reward_model
 from hn_titles.corpus import Story
 
 NORMALIZATION_FILE = "normalization.json"

@@ -33,11 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the h
 
 import torch  # noqa: E402
 
-from grooves.config import RunConfig, dump_config, load_config  # noqa: E402
-from grooves.core.trajectory import TrajectoryGroup  # noqa: E402
-from grooves.report.write import write_report  # noqa: E402
-from grooves.tasks import load_task  # noqa: E402
-from grooves.train.loop import train  # noqa: E402
+from grooves import RunConfig, TrajectoryGroup, dump_config, load_config, load_task, train, write_report  # noqa: E402
 from grooves.watch import Watch, read_findings  # noqa: E402
 from hn_titles import HNTitlesTask, clean_title, expected_log_points  # noqa: E402
 

@@ -25,12 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from grooves.core.handle import ModelHandle
-from grooves.core.trajectory import Trajectory, TrajectoryGroup
+from grooves import ModelHandle, Trajectory, TrajectoryGroup
 from grooves.judge import AbsoluteJudge, Criterion, JudgeClient, JudgeConfig, Rubric, load_rubric
-from grooves.rewards import Composite, Term
+from grooves.rewards import Composite, SignalError, Term
 from grooves.rewards import gate as gate_term
-from grooves.rewards.compose import SignalError
 from hn_titles.corpus import Story, read_stories, sensational_phrases, split_stories
 from hn_titles.reward import TitleRewardModel
 from hn_titles.support import supported_fraction

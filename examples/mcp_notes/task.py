@@ -12,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from grooves.envs.base import Grade
-from grooves.envs.mcp import McpEnvironment, McpGradeInput, McpServer
-from grooves.tasks.environment import EnvironmentTask
+from grooves import EnvironmentTask
+from grooves.envs import Grade, McpEnvironment, McpGradeInput, McpServer
 
 SERVER = McpServer(command=(sys.executable, str(Path(__file__).with_name("server.py"))))
 THINGS = ["buy milk", "call Ana at 5", "water the plants", "book the dentist", "pay rent", "send the report"]

@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grooves.core.handle import ModelHandle
-from grooves.core.trajectory import Trajectory
+from grooves import ModelHandle, Trajectory
 
 CATEGORIES: dict[str, set[str]] = {
     "fruits": {

@@ -1,13 +1,112 @@
 """grooves: train small open-weight agent models with GRPO-family RL on LoRA adapters.
 
-The public surface is small on purpose: an agent talks to a policy through an OpenAI-style
-client, rollouts become `Trajectory` objects grouped per scenario, and `train` turns scored
-groups into a new adapter.
+What user code needs, in one place (each name is imported when first used, so `import grooves`
+stays light):
+
+- the contracts a user implements: `Task` (scenarios + an async rollout), `Environment` (tools,
+  state and a grader; `EnvironmentTask` runs one as a task), and the records a rollout returns,
+  `Trajectory` (one rollout) in a `TrajectoryGroup` (the rollouts of one scenario);
+- what a rollout talks through: `ModelHandle` (an OpenAI client plus the run's sampling
+  settings), and `gather`, which runs groups of rollouts concurrently;
+- training: `load_config` (a run file; `parse_overrides` reads `--set` lines, `dump_config` writes
+  one), `load_task` (a task by name or `module:object`) and `train` (the RL loop; `[sft]` first
+  when the run file has one); `ScenarioStream` (a split's scenarios in the trainer's resumable
+  order) and `TrainableModel` for your own loop against `grooves serve --train`; `write_report`
+  (a run folder's HTML report); `ensure_model` (SmolLM2-135M, offline);
+- environments: `get_env` (a built-in by name), and the SQLite runtime's parts for your own:
+  `EnvSpec`, `SqliteEnvironment`, `Tool`.
+
+Beside these, the packages `grooves.judge` (rubrics and judges), `grooves.rewards` (composite
+rewards, reward models), `grooves.watch` (the reward-hacking watch), `grooves.envs` (environments,
+MCP), `grooves.tasks` (built-in tasks) and `grooves.remote` export their own public names.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from grooves.core.gather import gather
-from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+_EXPORTS = {
+    "SampledTurn": "grooves.core.trajectory",
+    "Trajectory": "grooves.core.trajectory",
+    "TrajectoryGroup": "grooves.core.trajectory",
+    "ModelHandle": "grooves.rollouts.handle",
+    "gather": "grooves.rollouts.gather",
+    "Task": "grooves.tasks",
+    "EnvironmentTask": "grooves.tasks.environment",
+    "Environment": "grooves.envs.base",
+    "get_env": "grooves.envs.registry",
+    "EnvSpec": "grooves.envs.sqlite",
+    "SqliteEnvironment": "grooves.envs.sqlite",
+    "Tool": "grooves.envs.tools",
+    "RunConfig": "grooves.config",
+    "load_config": "grooves.config",
+    "parse_overrides": "grooves.config",
+    "dump_config": "grooves.config",
+    "load_task": "grooves.tasks",
+    "ScenarioStream": "grooves.training.data",
+    "train": "grooves.training.loop",
+    "write_report": "grooves.report.write",
+    "ensure_model": "grooves.models",
+    "TrainableModel": "grooves.remote.model",
+}
+"""Public name -> the module that defines it."""
 
-__all__ = ["SampledTurn", "Trajectory", "TrajectoryGroup", "gather", "__version__"]
+__all__ = [
+    "EnvSpec",
+    "Environment",
+    "EnvironmentTask",
+    "ModelHandle",
+    "RunConfig",
+    "SampledTurn",
+    "ScenarioStream",
+    "SqliteEnvironment",
+    "Task",
+    "Tool",
+    "TrainableModel",
+    "Trajectory",
+    "TrajectoryGroup",
+    "__version__",
+    "dump_config",
+    "ensure_model",
+    "gather",
+    "get_env",
+    "load_config",
+    "load_task",
+    "parse_overrides",
+    "train",
+    "write_report",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grooves' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from grooves.config import RunConfig, dump_config, load_config, parse_overrides
+    from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+    from grooves.envs.base import Environment
+    from grooves.envs.registry import get_env
+    from grooves.envs.sqlite import EnvSpec, SqliteEnvironment
+    from grooves.envs.tools import Tool
+    from grooves.models import ensure_model
+    from grooves.remote.model import TrainableModel
+    from grooves.report.write import write_report
+    from grooves.rollouts.gather import gather
+    from grooves.rollouts.handle import ModelHandle
+    from grooves.tasks import Task, load_task
+    from grooves.tasks.environment import EnvironmentTask
+    from grooves.training.data import ScenarioStream
+    from grooves.training.loop import train

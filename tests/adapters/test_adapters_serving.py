@@ -19,7 +19,7 @@ from grooves.config import LoraConfig
 from grooves.policy.sampling import SamplingParams
 from grooves.policy.transformers import TransformersPolicy
 from grooves.serve.app import create_app, inprocess_client
-from grooves.serve.routing import AdapterConflict, AdapterTable
+from grooves.serve.routing import AdapterConflict, ModelRoutes
 
 PROMPTS = [f"hello {i} world" for i in range(8)]
 
@@ -71,7 +71,7 @@ def _ask(client, model, content, **extra):
 
 def test_two_adapters_at_once_give_their_own_outputs(peaked_model_dir, adapters):
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
-    table = AdapterTable(policy)
+    table = ModelRoutes(policy)
     table.add("a", adapters["a"])
     table.add("b", adapters["b"])
     app = create_app(policy, adapters=table)
@@ -157,7 +157,7 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
         greedy["a"][p] != greedy["b"][p] for p in PROMPTS[:4]
     )  # the adapters are told apart by their outputs
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
-    table = AdapterTable(policy)
+    table = ModelRoutes(policy)
     first = table.add("prod", adapters["a"])
     app = _admin_app(policy, adapters=table)
     n_requests = 48
@@ -224,7 +224,7 @@ def test_promotion_during_concurrent_requests_loses_none_and_mixes_none(peaked_m
 
 def test_old_adapter_is_unloaded_only_when_its_requests_are_done(peaked_model_dir, adapters):
     policy = TransformersPolicy(str(peaked_model_dir), served_name="tiny")
-    table = AdapterTable(policy)
+    table = ModelRoutes(policy)
     promoter = Promoter(table)
     old = table.add("prod", adapters["a"])
     with table.lease("prod") as held:  # a request in flight on the old adapter
@@ -245,7 +245,7 @@ def test_the_training_adapter_keeps_training(peaked_model_dir, adapters):
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
     prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
     before = policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)])[0][0]
-    table = AdapterTable(policy)
+    table = ModelRoutes(policy)
     extra = table.add("other", adapters["a"])
     policy.generate([prompt], [SamplingParams(max_tokens=4, temperature=0)], adapter=extra.adapter_id)
     assert {n for n, p in policy.model.named_parameters() if p.requires_grad} == trainable

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.config import parse_config
-from grooves.core.intervals import wilson_interval
-from grooves.train.loop import train
+from grooves.report.intervals import wilson_interval
+from grooves.training.loop import train
 
 
 @pytest.fixture(scope="module")

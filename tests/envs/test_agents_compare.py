@@ -12,7 +12,7 @@ from agents_compare import (
     summary,
 )
 
-from grooves.core.intervals import wilson_interval
+from grooves.report.intervals import wilson_interval
 
 
 def _traj(scenario: str, reward: float, error: str | None = None) -> dict:

@@ -12,9 +12,9 @@ from grooves.cli import app as cli_app
 from grooves.envs import BUILTINS, get_env
 from grooves.envs.base import Grade
 from grooves.envs.demos import DemoReport, demonstrations, write_demonstrations
-from grooves.envs.sqlite import SqliteEnvironment, TaskSpec, assign_splits
+from grooves.envs.sqlite import EnvSpec, SqliteEnvironment, assign_splits
 from grooves.envs.tools import Tool, integer, obj
-from grooves.train.sft import ChatError, load_sequences
+from grooves.training.sft import ChatError, load_sequences
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def _flaky_env() -> SqliteEnvironment:
         return Grade(score=1.0 if g.answer == "42" else 0.5)
 
     kinds = ["ok", "raises", "half", "ok", "ok"]  # every 5th is validation: the last "ok"
-    spec = TaskSpec(
+    spec = EnvSpec(
         name="flaky",
         description="",
         system_prompt="add one",
@@ -299,7 +299,7 @@ def test_control_token_text_in_a_tool_result_stays_text_as_the_sampler_keeps_it(
     """A tool result that writes <|im_end|> is encoded as plain text by SFT, as the sampler's render does."""
     from grooves.policy.sampling import Completion
     from grooves.policy.transformers import TransformersPolicy
-    from grooves.train.sft import chat_to_sequence
+    from grooves.training.sft import chat_to_sequence
 
     policy = TransformersPolicy(str(tiny_model_dir))
     tools = [

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from test_envs_rollout import ScriptedClient
 
-from grooves.core.gather import gather
 from grooves.envs import get_env, make_rollout, run_episode
 from grooves.envs.mcp import McpEnvironment, McpError, McpServer
 from grooves.envs.sqlite import play
+from grooves.rollouts.gather import gather
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # the server processes import what this one does

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion
 
-from grooves.core.gather import gather
 from grooves.envs import get_env, make_rollout, run_episode
 from grooves.envs.builtin.answers import money
+from grooves.rollouts.gather import gather
 
 Agent = Callable[[list[dict[str, Any]]], tuple[str, list[tuple[str, Any]]]]
 """messages so far -> (content, [(tool name, arguments)]): a scripted policy."""

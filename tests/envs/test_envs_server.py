@@ -20,7 +20,7 @@ from grooves.envs.base import SPLITS, Environment, Episode, Grade, public_scenar
 from grooves.envs.registry import BUILTINS
 from grooves.envs.remote import RemoteEnvError, RemoteEnvironment
 from grooves.envs.server import create_app
-from grooves.envs.sqlite import SqliteEnvironment, TaskSpec, assign_splits
+from grooves.envs.sqlite import EnvSpec, SqliteEnvironment, assign_splits
 from grooves.envs.tools import Tool, obj
 from grooves.scale.policy_server import ThreadedServer
 
@@ -189,7 +189,7 @@ def _fragile_env() -> SqliteEnvironment:
             raise RuntimeError("grader bug")
         return Grade(score=1.0 if g.answer else 0.0)
 
-    spec = TaskSpec(
+    spec = EnvSpec(
         name="fragile",
         description="tools and a grader that can fail",
         system_prompt="hit things",

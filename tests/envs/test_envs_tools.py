@@ -8,7 +8,7 @@ import pytest
 
 from grooves.envs import get_env
 from grooves.envs.base import Grade, Limits
-from grooves.envs.sqlite import SqliteEnvironment, TaskSpec, assign_splits
+from grooves.envs.sqlite import EnvSpec, SqliteEnvironment, assign_splits
 from grooves.envs.tools import Tool, obj, string
 
 HOSTILE = "'; DROP TABLE issues; --"
@@ -117,7 +117,7 @@ def test_toolbox_run_turns_an_unwritable_result_into_an_error():
         loop.append(loop)
         return loop
 
-    spec = TaskSpec(
+    spec = EnvSpec(
         name="odd_results",
         description="tools whose results are not JSON",
         system_prompt="call",
@@ -210,7 +210,7 @@ def _crashing_env() -> SqliteEnvironment:
         ctx.state.conn.execute("UPDATE counter SET n = n + 100")  # left uncommitted: must be rolled back
         return 1 / 0
 
-    spec = TaskSpec(
+    spec = EnvSpec(
         name="crashy",
         description="a tool with a bug",
         system_prompt="count",

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.config import load_config
-from grooves.train.loop import train
+from grooves.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 

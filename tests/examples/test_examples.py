@@ -34,3 +34,38 @@ def test_run_file_loads(path):
 @pytest.mark.parametrize("path", SFT_FILES, ids=lambda p: p.name)
 def test_sft_run_file_loads(path):
     assert load_sft_config(path).data
+
+
+PUBLIC = {
+    "grooves",
+    "grooves.judge",
+    "grooves.rewards",
+    "grooves.watch",
+    "grooves.envs",
+    "grooves.tasks",
+    "grooves.remote",
+}
+"""What user code imports grooves from: the package's own names and its public subpackages'."""
+
+
+def test_examples_import_grooves_only_through_its_public_face():
+    import ast
+
+    deep = []
+    for path in sorted((ROOT / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            deep += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in names
+                if n.split(".")[0] == "grooves" and n not in PUBLIC
+            ]
+    assert deep == []
+    import grooves
+
+    for name in grooves.__all__:  # every exported name resolves
+        assert getattr(grooves, name) is not None, name

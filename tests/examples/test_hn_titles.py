@@ -21,9 +21,9 @@ from hn_titles import (
 )
 from hn_titles.reward import TitleRewardModel
 
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.policy.transformers import TransformersPolicy
+from grooves.rollouts.handle import ModelHandle
 from grooves.serve.app import inprocess_client
 from grooves.tasks import load_task
 from scripted_judge import ScriptedServer

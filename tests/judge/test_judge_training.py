@@ -20,7 +20,7 @@ from grooves.core.trajectory import Trajectory, TrajectoryGroup, read_groups
 from grooves.judge import GroupJudge
 from grooves.rewards import Composite, judge
 from grooves.tasks.toy import ToyTokensTask
-from grooves.train.loop import train
+from grooves.training.loop import train
 from scripted_judge import Body, ScriptedServer, group_reply, make_client, shown_responses
 
 JUDGE_KEYS = (

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import torch
 
-from grooves.loss import compute_loss
+from grooves.core.loss import compute_loss
 from grooves.policy.constraints import (
     ConstraintError,
     GrammarCompiler,

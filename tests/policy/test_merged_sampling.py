@@ -11,7 +11,7 @@ from grooves.policy.fast import FastPaths
 from grooves.policy.fast.decode import decoder_for
 from grooves.policy.sampling import SamplingParams, sample
 from grooves.policy.transformers import TransformersPolicy
-from grooves.train.optim import adamw
+from grooves.training.optim import adamw
 
 
 def _randomize_lora_b(model, seed: int) -> None:

@@ -9,7 +9,7 @@ import torch
 from grooves.policy.fast import FastPaths, packed_training
 from grooves.policy.fast.kernels import blocked_layout
 from grooves.policy.sampling import SamplingParams
-from grooves.train.step import checkpointed_layers
+from grooves.training.step import checkpointed_layers
 from tiny_models import build_tiny_model_dir, lora_policy
 
 

@@ -22,7 +22,7 @@ from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup  # 
 from grooves.policy.sampling import SamplingParams  # noqa: E402
 from grooves.policy.transformers import load_model  # noqa: E402
 from grooves.serve.app import create_app, inprocess_client  # noqa: E402
-from grooves.train.step import run_loss, train_step  # noqa: E402
+from grooves.training.step import run_loss, train_step  # noqa: E402
 from tiny_models import build_tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.vllm

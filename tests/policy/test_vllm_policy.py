@@ -27,7 +27,7 @@ from grooves.policy.vllm import (
     lora_rank_cap,
     vllm_sampling_kwargs,
 )
-from grooves.train.loop import build_policy
+from grooves.training.loop import build_policy
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_a_vllm_completion_becomes_ids_logprobs_text():
 
 
 def test_importing_grooves_and_the_trainer_does_not_import_vllm_or_ray():
-    code = "import grooves, grooves.train.loop, grooves.serve.app, sys; print('vllm' in sys.modules, 'ray' in sys.modules)"
+    code = "import grooves, grooves.training.loop, grooves.serve.app, sys; print('vllm' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

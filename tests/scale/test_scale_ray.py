@@ -15,16 +15,16 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from grooves.config import parse_config  # noqa: E402
-from grooves.core.gather import gather  # noqa: E402
-from grooves.core.handle import ModelHandle  # noqa: E402
 from grooves.core.trajectory import Trajectory  # noqa: E402
 from grooves.policy.transformers import TransformersPolicy  # noqa: E402
+from grooves.rollouts.gather import gather  # noqa: E402
+from grooves.rollouts.handle import ModelHandle  # noqa: E402
 from grooves.scale import LocalRollouts, start_rollouts  # noqa: E402
 from grooves.scale.policy_server import PolicyServer  # noqa: E402
 from grooves.scale.ray_rollouts import RayRolloutRunner  # noqa: E402
 from grooves.serve.app import inprocess_client  # noqa: E402
 from grooves.tasks.toy import ToyTokensTask  # noqa: E402
-from grooves.train.loop import train  # noqa: E402
+from grooves.training.loop import train  # noqa: E402
 
 
 @pytest.fixture(scope="module")

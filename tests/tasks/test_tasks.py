@@ -9,7 +9,7 @@ import pytest
 from grooves.config import parse_config
 from grooves.tasks import load_task
 from grooves.tasks.capitals import CapitalsTask, score_answer
-from grooves.train.loop import train
+from grooves.training.loop import train
 
 
 @pytest.mark.parametrize(

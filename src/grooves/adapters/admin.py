@@ -34,7 +34,7 @@ from grooves.adapters.registry import (
     resolve_adapter,
 )
 from grooves.serve.errors import APIError
-from grooves.serve.routing import AdapterConflict, AdapterTable, Route, UnknownModel
+from grooves.serve.routing import AdapterConflict, ModelRoutes, Route, UnknownModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
@@ -52,7 +52,7 @@ class NewAdapter(AdapterSource):
     name: str
 
 
-def route_json(table: AdapterTable, route: Route, promoter: Promoter | None = None) -> dict:
+def route_json(table: ModelRoutes, route: Route, promoter: Promoter | None = None) -> dict:
     body = {
         **asdict(route),
         "version": table.version_of(route),
@@ -89,7 +89,7 @@ async def _call(fn, *args):
         raise APIError(400, f"could not load the adapter: {exc}", "path") from exc
 
 
-def admin_router(table: AdapterTable, promoter: Promoter) -> APIRouter:
+def admin_router(table: ModelRoutes, promoter: Promoter) -> APIRouter:
     router = APIRouter(prefix="/v1/adapters")
 
     @router.get("")

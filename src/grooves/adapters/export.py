@@ -38,7 +38,7 @@ import torch
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
 from grooves.adapters.to_gguf import GGUF_TYPES, GgufError, write_gguf
 from grooves.models import adapter_base, check_adapter_base, describe_base, record_adapter_base, resolve_model
-from grooves.policy.adapters import peft_wrapping
+from grooves.policy.loaded_adapters import peft_wrapping
 
 PROBE_MESSAGES = [
     {"role": "system", "content": "Be brief."},

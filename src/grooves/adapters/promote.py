@@ -1,7 +1,7 @@
 """Continual promotion: put a new checkpoint into production, and take it back out.
 
 `Promoter.promote(name, path)` makes a served name answer with a new adapter through
-`AdapterTable.replace` (load first, switch atomically, unload the old one once its requests
+`ModelRoutes.replace` (load first, switch atomically, unload the old one once its requests
 finish) and remembers what the name served before; `rollback(name)` switches back to that, one
 step at a time. Each switch gets a new route version, so responses say which deployment answered.
 Promotions of the table are serialized: two at once could otherwise record their history in a
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from grooves.adapters.registry import DEFAULT_METRIC, AdapterNotFound, AdapterRegistry
-from grooves.serve.routing import AdapterTable, Route
+from grooves.serve.routing import ModelRoutes, Route
 
 
 class NothingToRollBack(LookupError):
@@ -28,9 +28,9 @@ class NothingToRollBack(LookupError):
 
 
 class Promoter:
-    """Promotion with history over an `AdapterTable` (the Python API behind the HTTP endpoints)."""
+    """Promotion with history over an `ModelRoutes` (the Python API behind the HTTP endpoints)."""
 
-    def __init__(self, table: AdapterTable):
+    def __init__(self, table: ModelRoutes):
         self.table = table
         self._lock = threading.Lock()
         self._history: dict[str, list[str | None]] = {}

@@ -99,8 +99,8 @@ class AdapterRegistry:
 
     def checkpoints(self) -> list[CheckpointEntry]:
         """Complete checkpoints (those with a state.json and an adapter), oldest first."""
-        # imported here: grooves.train.checkpoint loads torch, and `grooves judge` must start without it
-        from grooves.train.checkpoint import CHECKPOINT_PREFIX
+        # imported here: grooves.training.checkpoint loads torch, and `grooves judge` must start without it
+        from grooves.training.checkpoint import CHECKPOINT_PREFIX
 
         folder = self.run_dir / "checkpoints"
         if not folder.is_dir():

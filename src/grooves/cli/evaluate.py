@@ -1,11 +1,11 @@
 """`grooves eval TARGET`: score a base model, an adapter or a checkpoint on a task's held-out split.
 
-The rollouts are in-run validation's (`grooves.train.evaluate.evaluate`): the same scenarios,
+The rollouts are in-run validation's (`grooves.training.evaluate.evaluate`): the same scenarios,
 sampling settings and request seeds. Given a run folder or a checkpoint, the run's own settings are
 the defaults (task, samples, scenarios, temperature, max tokens, seed, model settings) and the
 checkpoint's step seeds the requests, so `grooves eval RUN` repeats the validation logged at that
 step. The figures carry 95% intervals: Wilson's for the success rate, a bootstrap over scenarios
-for the mean reward (`grooves.core.intervals`).
+for the mean reward (`grooves.report.intervals`).
 
 torch and transformers are imported inside the command, so `grooves --help` stays fast.
 """
@@ -170,11 +170,11 @@ def _load_task(spec: str, options: dict):
 
 
 async def _run(plan: dict, settings: dict, split: str) -> dict[str, Any]:
-    from grooves.core.handle import ModelHandle
     from grooves.policy.transformers import TransformersPolicy
+    from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import create_app, inprocess_client
-    from grooves.train.evaluate import evaluate, summarize
-    from grooves.train.runlog import show_bars
+    from grooves.training.evaluate import evaluate, summarize
+    from grooves.training.runlog import show_bars
 
     config = plan["config"]
     model = config.model if config is not None else None

@@ -53,7 +53,7 @@ from grooves.judge.calibration import (
     rubric_tag,
     ties,
 )
-from grooves.judge.client import JudgeClient, JudgeConfig, TokenUsage
+from grooves.judge.endpoint import JudgeClient, JudgeConfig, TokenUsage
 from grooves.judge.errors import JudgeError
 from grooves.judge.html import compare_page, inspect_page
 from grooves.judge.rubric import DEFAULT_RUBRIC, RubricError, load_rubric

@@ -14,7 +14,12 @@ import typer
 from rich.console import Console
 
 from grooves.models import DEFAULT_MODEL, ModelError, served_name_of
-from grooves.service.validate import MAX_SEQUENCE_TOKENS, MAX_STEP_TOKENS, MAX_STEP_TRAJECTORIES, StepLimits
+from grooves.training_service.validate import (
+    MAX_SEQUENCE_TOKENS,
+    MAX_STEP_TOKENS,
+    MAX_STEP_TRAJECTORIES,
+    StepLimits,
+)
 
 console = Console(soft_wrap=True)  # paths and messages stay on one line, copyable
 err = Console(stderr=True, soft_wrap=True)
@@ -125,7 +130,7 @@ def serve_command(
     from grooves.config import ConfigError
     from grooves.serve.app import create_app, serve
     from grooves.serve.keys import ApiKeys
-    from grooves.serve.routing import AdapterTable
+    from grooves.serve.routing import ModelRoutes
 
     api_key = api_key or None  # GROOVES_API_KEY="" sets no key
     served_name = served_name or served_name_of(model)  # a name, never the operator's path
@@ -190,7 +195,7 @@ def serve_command(
         raise _fail(
             f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
         ) from exc
-    table = AdapterTable(policy, own_path=str(own) if own else None)
+    table = ModelRoutes(policy, own_path=str(own) if own else None)
     for name, path in named:
         table.add(name, path)
     console.print(
@@ -228,8 +233,8 @@ def _serve_training(
 ) -> None:
     """`grooves serve --train`: the training service until interrupted, then each model's report."""
     from grooves.serve.app import serve
-    from grooves.service.app import create_service_app
-    from grooves.train.runlog import RunFolderError
+    from grooves.training.runlog import RunFolderError
+    from grooves.training_service.app import create_service_app
 
     if own is not None:
         raise _fail(

@@ -44,10 +44,10 @@ def train_command(
 
     add_task_folder(Path(run_file).parent)  # `task = "mytask:Task"` finds mytask.py beside the run file
     from grooves.models import ModelError
-    from grooves.train.checkpoint import CheckpointError
-    from grooves.train.loop import RunInterrupted, train
-    from grooves.train.runlog import RunFolderError
-    from grooves.train.step import NonFiniteStep
+    from grooves.training.checkpoint import CheckpointError
+    from grooves.training.loop import RunInterrupted, train
+    from grooves.training.runlog import RunFolderError
+    from grooves.training.step import NonFiniteStep
 
     try:
         run_dir = train(config, resume=resume, overwrite=overwrite)
@@ -87,8 +87,8 @@ def sft_command(
 ) -> None:
     """Supervised fine-tuning of a LoRA adapter on example chats (loss on assistant tokens only)."""
     from grooves.config import ConfigError, load_sft_config, parse_overrides
-    from grooves.train.checkpoint import CheckpointError
-    from grooves.train.sft import ChatError, sft
+    from grooves.training.checkpoint import CheckpointError
+    from grooves.training.sft import ChatError, sft
 
     try:
         overrides = parse_overrides(set_)

@@ -30,7 +30,7 @@ class LoggingConfig(Section):
     tables, through their own libraries (optional extras: `pip install 'grooves[trackers]'`).
     TensorBoard event files and an MLflow file store go into the run folder, W&B as an offline
     run (`wandb sync` uploads it later), Trackio into its local database. One that cannot start
-    is named on one line and the run goes on without it (`grooves.train.trackers`)."""
+    is named on one line and the run goes on without it (`grooves.training.trackers`)."""
     project: str = "grooves"
     """The W&B and Trackio project and the MLflow experiment the run is logged under (the run's
     own name is `name`)."""

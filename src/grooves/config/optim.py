@@ -24,7 +24,7 @@ class AdamWConfig(Section):
     micro_batch_tokens: int = Field(4096, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """The learning rate after warmup (`grooves.train.optim.lr_factor` has the formulas): constant at
+    """The learning rate after warmup (`grooves.training.optim.lr_factor` has the formulas): constant at
     `lr`; or decaying from `lr` towards `min_lr_ratio` x `lr`, linearly or along a half cosine
     (Loshchilov & Hutter 2017, arXiv 1608.03983), over the run's steps. Decay steadies the last
     steps of a long run; constant keeps an RL run able to follow its moving targets to the end."""
@@ -70,9 +70,9 @@ class OptimConfig(AdamWConfig):
     micro_batch_tokens: int | None = Field(None, ge=16)
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
     A row's attention memory grows with its length squared and is counted as tokens too
-    (`train.memory.pair_tokens`), so a micro-batch holds fewer long rows than short ones.
+    (`training.memory.pair_tokens`), so a micro-batch holds fewer long rows than short ones.
     Unset: chosen at the start of the run from the device's free memory and the model's size
-    (`train.memory.auto_micro_batch_tokens`; the choice is printed and logged as
+    (`training.memory.auto_micro_batch_tokens`; the choice is printed and logged as
     `micro_batch_tokens`). Set it where two runs must split their steps alike: the free memory
     differs between machines and moments, and another split rounds the gradient differently."""
     gradient_checkpointing: bool = False
@@ -83,7 +83,7 @@ class OptimConfig(AdamWConfig):
 
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """A step whose loss or grad norm is inf or NaN, or whose update would multiply the adapter
-    weights' norm by more than 10 (`train.step.MAX_WEIGHT_GROWTH`: an exploding update), is never
+    weights' norm by more than 10 (`training.step.MAX_WEIGHT_GROWTH`: an exploding update), is never
     applied: the adapter and the optimizer state stay as they were. skip: one line says so, the
     step is logged with `nonfinite_skipped = 1` (or `exploding_skipped = 1`) and the run goes on
     with new rollouts. stop: the run ends (`NonFiniteStep`, a one-line message)

@@ -40,7 +40,7 @@ class RolloutConfig(Section):
     With `refill_zero_variance` the line and the flag mean that the refills ran out first."""
     max_staleness: int = Field(0, ge=0)
     """k: rollouts may run up to k steps ahead of the trainer, step t sampled by adapter version
-    max(0, t - 1 - k) (`train.pipeline`). 0: strictly on-policy, each step waits for its rollouts
+    max(0, t - 1 - k) (`training.pipeline`). 0: strictly on-policy, each step waits for its rollouts
     and they for the step before. k >= 1 overlaps the next steps' rollouts (agent code,
     environments, judges) with the optimizer step, at the price of turns k updates old; the
     loss's ratio to the sampling logprobs corrects for that as for any off-policy sample, and

@@ -2,7 +2,7 @@
 
 One optimizer step accumulates the gradients of several forward/backward passes, each of at most
 about `optim.micro_batch_tokens` tokens (memory bounds it). A row's attention costs memory per
-pair of its positions besides per token (`train.memory`): with `pair_cost` (tokens per pair) a
+pair of its positions besides per token (`training.memory`): with `pair_cost` (tokens per pair) a
 row of width T counts T + pair_cost T^2 tokens, so a micro-batch holds fewer long rows, and no
 row is wider than `longest_row`. How sequences are laid out in them:
 

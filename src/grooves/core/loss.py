@@ -279,7 +279,7 @@ def compute_loss(
     policy loss is taken against the trainer's own old logprobs and each token's is weighted by
     `tis_weight`: l_t = w_t * policy_loss_t(lp, lp_train_old), w_t = min(pi_train_old /
     pi_sampler, C) (Yao et al. 2025). `lp_train_old` [B, T] is the trainer's logprob of each
-    token under the adapter version that sampled it (`train.old_policy`); None: every token was
+    token under the adapter version that sampled it (`training.old_policy`); None: every token was
     sampled by the adapter being trained, whose logprob is this forward's, lp_train_old = sg(lp),
     so the PPO ratio is 1 in value and the gradient is w_t A_t d(lp_t). A stale token's ratio
     exp(lp - lp_train_old) is clipped as PPO's. Without `tis_cap`, the sampler's logprobs are the
@@ -379,7 +379,7 @@ class Loss:
     @property
     def needs_reference(self) -> bool:
         """The KL penalty is on: each micro-batch needs `lp_ref`, its logprobs under the reference
-        policy (`train.step.reference_weights`: the starting adapter or the base model)."""
+        policy (`training.step.reference_weights`: the starting adapter or the base model)."""
         return self.beta != 0.0
 
     def __call__(

@@ -6,7 +6,7 @@ for every assistant turn the policy sampled, the exact token ids and logprobs it
 re-tokenizing decoded text does not give back the same ids in multi-turn tool use.
 
 A `TrajectoryGroup` holds the N rollouts of one scenario; group-relative advantages are computed
-inside it. `grooves.core.gather` runs many groups concurrently and records a failed rollout as data.
+inside it. `grooves.rollouts.gather` runs many groups concurrently and records a failed rollout as data.
 """
 
 from __future__ import annotations

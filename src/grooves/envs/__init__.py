@@ -9,15 +9,24 @@ JSON schemas, and a grader that `env.validate()` proves on gold and known-bad so
 """
 
 from grooves.envs.base import Environment, Episode, Grade, Limits, ValidationReport
+from grooves.envs.mcp import McpEnvironment, McpGradeInput, McpServer
 from grooves.envs.registry import BUILTINS, get_env
 from grooves.envs.rollout import make_rollout, run_episode
+from grooves.envs.sqlite import EnvSpec, SqliteEnvironment
+from grooves.envs.tools import Tool
 
 __all__ = [
     "BUILTINS",
+    "EnvSpec",
     "Environment",
     "Episode",
     "Grade",
     "Limits",
+    "McpEnvironment",
+    "McpGradeInput",
+    "McpServer",
+    "SqliteEnvironment",
+    "Tool",
     "ValidationReport",
     "get_env",
     "make_rollout",

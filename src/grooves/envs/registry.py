@@ -1,6 +1,6 @@
 """The built-in environments by name.
 
-Each built-in is a `TaskSpec` in its own module; `get_env` builds the environment (seed
+Each built-in is a `EnvSpec` in its own module; `get_env` builds the environment (seed
 database and scenarios) on request, so importing grooves costs nothing until one is used.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from importlib import import_module
 
 from grooves.envs.base import Limits
-from grooves.envs.sqlite import SqliteEnvironment, TaskSpec
+from grooves.envs.sqlite import EnvSpec, SqliteEnvironment
 
 BUILTINS = ("support_desk", "issue_tracker", "flight_booking", "corpus_search")
 
 
-def get_spec(name: str) -> TaskSpec:
+def get_spec(name: str) -> EnvSpec:
     if name not in BUILTINS:
         raise KeyError(f"no environment {name!r}; built-ins are {', '.join(BUILTINS)}")
     return import_module(f"grooves.envs.builtin.{name}").SPEC

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from grooves.core.gather import RolloutFn
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
 from grooves.envs.base import Environment, Episode, Scenario
+from grooves.rollouts.gather import RolloutFn
+from grooves.rollouts.handle import ModelHandle
 
 
 def _tool_calls(choice: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""A SQLite-backed environment assembled from a `TaskSpec`: the shape every built-in shares.
+"""A SQLite-backed environment assembled from a `EnvSpec`: the shape every built-in shares.
 
 A built-in environment is data and functions, not a subclass: a seed-data builder, a scenario
 generator, tools, a grader, and two kinds of scripted solvers (gold and known-bad) that let the
@@ -100,7 +100,7 @@ class GradeInput:
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class EnvSpec:
     """The parts of one environment. Every callable is deterministic given its inputs."""
 
     name: str
@@ -124,9 +124,9 @@ _COUNTERS = ("elapsed_s", "tool_calls", "tool_errors", "budget_exhausted")
 
 
 class SqliteEnvironment:
-    """An `Environment` from a `TaskSpec` and a data seed (same seed, same data and scenarios)."""
+    """An `Environment` from a `EnvSpec` and a data seed (same seed, same data and scenarios)."""
 
-    def __init__(self, spec: TaskSpec, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None):
+    def __init__(self, spec: EnvSpec, *, seed: int = 0, on_disk: bool = False, limits: Limits | None = None):
         self.spec = spec
         self.data_seed = seed
         self.on_disk = on_disk

@@ -9,7 +9,7 @@ The calibration loop (`grooves judge score | inspect | compare`) lives in `calib
 """
 
 from grooves.judge.absolute import AbsoluteJudge
-from grooves.judge.client import JudgeClient, JudgeConfig, TokenUsage
+from grooves.judge.endpoint import JudgeClient, JudgeConfig, TokenUsage
 from grooves.judge.errors import InvalidJudgment, JudgeError
 from grooves.judge.group import GroupJudge
 from grooves.judge.rubric import DEFAULT_RUBRIC, Criterion, Rubric, RubricError, load_rubric

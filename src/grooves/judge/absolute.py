@@ -14,7 +14,7 @@ from typing import Any
 
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.ask import ask
-from grooves.judge.client import JudgeClient
+from grooves.judge.endpoint import JudgeClient
 from grooves.judge.prompt import render_messages, shown_texts, single_messages, split_shared_context
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score

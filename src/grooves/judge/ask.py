@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import TypeVar
 
-from grooves.judge.client import JudgeClient
+from grooves.judge.endpoint import JudgeClient
 from grooves.judge.errors import InvalidJudgment, JudgeError
 from grooves.judge.prompt import new_nonce, repair_messages, with_nonce
 from grooves.judge.verdict import Seal

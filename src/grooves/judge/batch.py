@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.jsonl import read_models, write_models
 from grooves.judge.absolute import AbsoluteJudge
-from grooves.judge.client import JudgeClient
+from grooves.judge.endpoint import JudgeClient
 from grooves.judge.errors import JudgeError
 from grooves.judge.group import GroupJudge
 from grooves.judge.prompt import conversation_pair

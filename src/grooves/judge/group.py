@@ -24,7 +24,7 @@ from grooves.core.trajectory import TrajectoryGroup
 from grooves.judge.agreement import mean_abs_diff
 from grooves.judge.ask import ask
 from grooves.judge.cache import cache_key
-from grooves.judge.client import JudgeClient
+from grooves.judge.endpoint import JudgeClient
 from grooves.judge.prompt import group_messages, render_messages, shown_texts, split_shared_context
 from grooves.judge.rubric import DEFAULT_RUBRIC, Rubric
 from grooves.judge.score import GroupJudgment, Score

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from grooves.policy.adapters import PeftAdapters
 from grooves.policy.fast import FastSampling
+from grooves.policy.loaded_adapters import PeftAdapters
 from grooves.policy.sampling import Completion, SamplingParams, sample
 
 

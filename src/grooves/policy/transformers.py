@@ -29,8 +29,8 @@ import torch
 from grooves.config import FastMode, LoraConfig, SamplerPrecision
 from grooves.models import check_adapter_base, resolve_model
 from grooves.policy import fast as speed
-from grooves.policy.adapters import PeftAdapters, peft_wrapping
 from grooves.policy.fast import FastPaths, FastSampling
+from grooves.policy.loaded_adapters import PeftAdapters, peft_wrapping
 from grooves.policy.prompts import PromptState, end_of_turn_ids
 from grooves.policy.sampler import Sampler
 from grooves.policy.sampling import Completion, SamplingParams

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
-from grooves.judge.client import JudgeClient, TokenUsage
+from grooves.judge.endpoint import JudgeClient, TokenUsage
 from grooves.judge.errors import JudgeError
 from grooves.judge.score import Judge
 from grooves.rewards.model import RewardModel

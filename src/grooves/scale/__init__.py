@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from grooves.config import RolloutConfig
-from grooves.core.gather import RolloutFn
+from grooves.rollouts.gather import RolloutFn
 
 
 class RolloutRunner(Protocol):

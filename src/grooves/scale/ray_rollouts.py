@@ -32,9 +32,9 @@ from typing import Any
 
 import ray
 
-from grooves.core.gather import RolloutFn
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
+from grooves.rollouts.gather import RolloutFn
+from grooves.rollouts.handle import ModelHandle
 from grooves.scale.policy_server import PolicyServer
 
 

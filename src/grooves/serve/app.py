@@ -46,7 +46,7 @@ from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
 from grooves.serve.keys import ApiKeys, KeyCheck
-from grooves.serve.routing import AdapterTable
+from grooves.serve.routing import ModelRoutes
 
 MAX_BODY_BYTES = 8 * 2**20
 """Default request body cap: a context of 128k tokens is about 0.5 MB of text."""
@@ -60,7 +60,7 @@ def create_app(
     *,
     max_n: int = 64,
     max_batch_rows: int = 64,
-    adapters: AdapterTable | None = None,
+    adapters: ModelRoutes | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_tokens: int | None = MAX_REQUEST_TOKENS,
     api_key: str | None = None,
@@ -82,7 +82,7 @@ def create_app(
         raise ValueError("give create_app api_key (one key) or keys (a tenant per key), not both")
     app = FastAPI(title="grooves policy server")
     scheduler = BatchScheduler(policy, max_batch_rows=max_batch_rows)
-    adapters = adapters or AdapterTable(policy)
+    adapters = adapters or ModelRoutes(policy)
     app.state.policy = policy
     app.state.scheduler = scheduler
     app.state.adapters = adapters

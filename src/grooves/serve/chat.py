@@ -35,7 +35,7 @@ from grooves.policy.logits import LOGIT_BIAS_RANGE
 from grooves.policy.sampling import Completion, SamplingParams
 from grooves.serve import compat
 from grooves.serve.errors import APIError, sampling_error
-from grooves.serve.routing import AdapterTable, UnknownModel
+from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import (
     ChatRequest,
     Message,
@@ -54,7 +54,7 @@ _FN_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 def chat_router(
     policy: Policy,
     scheduler: BatchScheduler,
-    adapters: AdapterTable,
+    adapters: ModelRoutes,
     *,
     max_n: int,
     max_request_tokens: int | None,

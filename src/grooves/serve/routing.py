@@ -55,7 +55,7 @@ class Route:
     """peft adapter id, or None for the policy's own weights."""
     version: int | None
     """Bumped on each replacement of this name; None: the policy's live training version. For a
-    snapshot of the training adapter (`AdapterTable.pin`): the training version it holds."""
+    snapshot of the training adapter (`ModelRoutes.pin`): the training version it holds."""
     path: str | None
     """Where the adapter was loaded from (None for the policy's own weights)."""
 
@@ -64,7 +64,7 @@ class Route:
         return self.adapter_id or "own"
 
 
-class AdapterTable:
+class ModelRoutes:
     """Served name -> `Route`, with leases so replacements never cut a request short."""
 
     def __init__(self, policy: Policy, *, own_path: str | None = None):

@@ -50,7 +50,7 @@ from grooves.policy.sampling import Completion, SamplingParams, TokenEvent
 from grooves.policy.text_stream import TextStream
 from grooves.policy.tool_calls import CallStream, CallSyntax, ParsedOutput
 from grooves.serve.errors import APIError, error_body, sampling_error
-from grooves.serve.routing import AdapterTable, UnknownModel
+from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import ChatRequest, log_answer, logprobs_block, token_record, usage_body
 
 log = logging.getLogger("grooves.server")
@@ -220,7 +220,7 @@ class FirstChunkResponse(StreamingResponse):
 def stream_completion(
     policy: Policy,
     scheduler: BatchScheduler,
-    adapters: AdapterTable,
+    adapters: ModelRoutes,
     req: ChatRequest,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,

@@ -15,8 +15,8 @@ import types
 from pathlib import Path
 from typing import Any, Protocol
 
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
+from grooves.rollouts.handle import ModelHandle
 
 
 class Task(Protocol):

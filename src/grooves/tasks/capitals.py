@@ -18,8 +18,8 @@ import random
 import re
 from typing import Any
 
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
+from grooves.rollouts.handle import ModelHandle
 
 CAPITALS = {
     "France": "Paris",

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
 from grooves.envs import Environment, get_env
 from grooves.envs.rollout import run_episode
+from grooves.rollouts.handle import ModelHandle
 
 
 class EnvironmentTask:

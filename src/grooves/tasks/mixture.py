@@ -5,7 +5,7 @@ another. `TaskMixture` presents the members as one `Task`, so the trainer's loop
 
 - each training group comes from a task drawn at random with probability weight / sum(weights)
   (seeded), and that task then gives its next scenario from its own stream; the trainer's
-  `grooves.train.data.MixtureStream` draws them, resumably;
+  `grooves.training.data.MixtureStream` draws them, resumably;
 - validation interleaves the tasks' validation splits round-robin, so the first
   `validation.scenarios` of them are balanced across tasks, and every task is measured each time;
 - each scenario carries its task's name under `mixture_task`; `task_metrics` turns that into
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grooves.config import ConfigError, RunConfig
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
+from grooves.rollouts.handle import ModelHandle
 from grooves.tasks import Task, TaskLoadError, load_task
 
 TASK_KEY = "mixture_task"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from grooves.core.handle import ModelHandle
 from grooves.core.trajectory import Trajectory
+from grooves.rollouts.handle import ModelHandle
 
 
 class ToyTokensTask:

@@ -1,1 +1,1 @@
-"""The built-in environments, one `TaskSpec` per module (`grooves.envs.get_env` builds them by name)."""
+"""The built-in environments, one `EnvSpec` per module (`grooves.envs.get_env` builds them by name)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import integers, mentions, mentions_any
-from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, EnvSpec, GradeInput, Solver, assign_splits
 from grooves.envs.tools import Tool, ToolContext, ToolError, integer, obj, string
 
 PAGE_CHARS = 300
@@ -473,7 +473,7 @@ def bad(sc: Scenario) -> list[Solver]:
     return [cite_only, hedge, look_alike]
 
 
-SPEC = TaskSpec(
+SPEC = EnvSpec(
     name="corpus_search",
     description="Question answering over a generated corpus through noisy, truncated retrieval under a time budget.",
     system_prompt=SYSTEM,

@@ -15,7 +15,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions, mentions_any, money
-from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, EnvSpec, GradeInput, Solver, assign_splits
 from grooves.envs.state import changed_keys
 from grooves.envs.tools import Tool, ToolContext, ToolError, integer, obj, string
 
@@ -515,7 +515,7 @@ def bad(sc: Scenario) -> list[Solver]:
     return [sloppy, claim_only]
 
 
-SPEC = TaskSpec(
+SPEC = EnvSpec(
     name="flight_booking",
     description="Search, hold, book and change flights within fare rules.",
     system_prompt=SYSTEM,

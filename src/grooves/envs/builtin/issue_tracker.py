@@ -14,7 +14,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions
-from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, EnvSpec, GradeInput, Solver, assign_splits
 from grooves.envs.state import changed_keys, like_pattern
 from grooves.envs.tools import Tool, ToolContext, ToolError, obj, string
 
@@ -516,7 +516,7 @@ def bad(sc: Scenario) -> list[Solver]:
     return [wrong_issue, first_step_only]
 
 
-SPEC = TaskSpec(
+SPEC = EnvSpec(
     name="issue_tracker",
     description="A Jira-like board: find, create, update, link and transition issues.",
     system_prompt=SYSTEM,

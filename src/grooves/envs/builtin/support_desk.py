@@ -14,7 +14,7 @@ from typing import Any
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions, mentions_any, mentions_money, money, states_number
-from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, GradeInput, Solver, TaskSpec, assign_splits
+from grooves.envs.sqlite import SCENARIOS, TEST_SCENARIOS, Call, EnvSpec, GradeInput, Solver, assign_splits
 from grooves.envs.state import changed_keys, like_pattern
 from grooves.envs.tools import Tool, ToolContext, ToolError, obj, string
 
@@ -566,7 +566,7 @@ def bad(sc: Scenario) -> list[Solver]:
     return [act_blindly, claim_only]
 
 
-SPEC = TaskSpec(
+SPEC = EnvSpec(
     name="support_desk",
     description="Customer support with refunds and replacements under a written policy.",
     system_prompt=SYSTEM,

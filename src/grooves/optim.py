@@ -1,7 +1,0 @@
-"""Moved to `grooves.train.optim`; kept for compatibility."""
-
-from grooves.train.optim import (
-    adamw,
-)
-
-__all__ = ["adamw"]

@@ -304,12 +304,16 @@ def test_malformed_protobuf_unknown_models_and_reused_seq_ids_are_refused(server
         )
         r = httpx.post(fb, content=_proto("nope:train:0", 1, [_ce([5, 6])]), headers=headers)
         assert r.status_code == 404 and "no training model 'nope:train:0'" in r.json()["error"]["message"]
-        r = httpx.post(fb, content=_proto(tc.model_id, 1, [_ce([5, 6])]), headers=headers)
-        assert r.status_code == 200 and r.json()["request_id"]
-        r = httpx.post(fb, content=_proto(tc.model_id, 1, [_ce([5, 6])]), headers=headers)
+        first = httpx.post(fb, content=_proto(tc.model_id, 1, [_ce([5, 6])]), headers=headers)
+        assert first.status_code == 200 and first.json()["request_id"]
+        again = httpx.post(
+            fb, content=_proto(tc.model_id, 1, [_ce([5, 6])]), headers=headers
+        )  # its answer lost
+        assert again.json()["request_id"] == first.json()["request_id"]  # the same request: its future again
+        r = httpx.post(fb, content=_proto(tc.model_id, 1, [_ce([5, 7])]), headers=headers)
+        assert r.status_code == 400
         assert (
-            r.status_code == 400
-            and "seq_id 1 was already used by this model; its next request is seq_id 2"
+            "seq_id 1 was already used by this model; its next request is seq_id 2"
             in r.json()["error"]["message"]
         )
         r = httpx.post(

@@ -12,7 +12,8 @@ for a while after it is first read, so a poll whose answer was lost gets it agai
 A training model's requests run in the order of their `seq_id` (`SeqOrder`): the SDK numbers each
 training client's requests 1, 2, 3, ... and may send the chunks of one `forward_backward` at once,
 later ones first, so a request waits until every lower id has run. An id already used is refused
-when it arrives, before anything runs.
+when it arrives, before anything runs, unless it is the same request sent again (the SDK resends a
+request whose answer it did not get): that one gets the first one's request id back.
 """
 
 from __future__ import annotations
@@ -104,10 +105,25 @@ class SeqOrder:
     MAX_AHEAD = 4096
     """How far past the next id a request may arrive (the SDK keeps a few in flight)."""
 
+    KEEP = 1024
+    """How many of the latest requests' (digest, request id) are kept to answer a resent request."""
+
     def __init__(self, first: int = 1):
         self.next = first
         self._claimed: set[int] = set()
         self._turn = asyncio.Condition()
+        self._seen: OrderedDict[int, tuple[str, str]] = OrderedDict()
+
+    def resent(self, seq_id: int, digest: str) -> str | None:
+        """The request id of `seq_id` when the same request (`digest`) was already received: the SDK
+        sends a request again when its answer was lost, and gets the same future back."""
+        seen = self._seen.get(seq_id)
+        return seen[1] if seen is not None and seen[0] == digest else None
+
+    def remember(self, seq_id: int, digest: str, request_id: str) -> None:
+        self._seen[seq_id] = (digest, request_id)
+        while len(self._seen) > self.KEEP:
+            self._seen.popitem(last=False)
 
     def claim(self, seq_id: int) -> None:
         """Reserve `seq_id` when its request arrives; a used, repeated or far-off id is a ValueError."""

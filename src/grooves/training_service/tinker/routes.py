@@ -22,6 +22,8 @@ with `tml-` (which the SDK requires) work as any other key of `--api-key` / `--a
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -103,8 +105,12 @@ def _body(model: type[BaseModel], data: Any):
 
 
 async def _json(request: Request) -> Any:
+    return _parse(await request.body())
+
+
+def _parse(raw: bytes) -> Any:
     try:
-        return await request.json()
+        return json.loads(raw)
     except ValueError:
         raise APIError(400, "the body is not JSON", "body") from None
 
@@ -116,18 +122,25 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
     def future(model_id: str | None, work, **extra) -> dict[str, Any]:
         return {"request_id": tinker.futures.submit(caller(), work), "model_id": model_id, **extra}
 
-    def ordered(model, seq_id: int, work) -> dict[str, Any]:
-        """`work` as a future that runs in the model's seq_id order (a used seq_id is a 400 now)."""
+    def ordered(model, seq_id: int, body: bytes, work) -> dict[str, Any]:
+        """`work` as a future that runs in the model's seq_id order on the model workers; a used
+        seq_id is a 400 now, unless `body` is that request's own, sent again (its future again)."""
         order = tinker.orders[model.model_id]
+        digest = hashlib.sha256(body).hexdigest()
+        again = order.resent(seq_id, digest)
+        if again is not None:
+            return {"request_id": again, "model_id": model.model_id}
         try:
             order.claim(seq_id)
         except ValueError as exc:
             raise APIError(400, str(exc), "seq_id", "bad_seq_id") from None
 
         async def run():
-            return await order.run(seq_id, lambda: asyncio.to_thread(work))
+            return await order.run(seq_id, lambda: tinker.run(work))
 
-        return future(model.model_id, run)
+        answer = future(model.model_id, run)
+        order.remember(seq_id, digest, answer["request_id"])
+        return answer
 
     # ---- the SDK's settings, health, capabilities ----------------------------------------------
     @router.post("/client/config")
@@ -234,23 +247,25 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
             _check_lengths(tinker, model, req)
         except BadInput as exc:
             raise APIError(400, str(exc), "data", "bad_input") from None
-        return ordered(model, req.seq_id, lambda: model.forward_backward(req))
+        return ordered(model, req.seq_id, body, lambda: model.forward_backward(req))
 
     @router.post("/optim_step")
     async def optim_step(request: Request):
-        body = _body(OptimBody, await _json(request))
+        raw = await request.body()
+        body = _body(OptimBody, _parse(raw))
         if body.optimizer_params is not None:
             raise APIError(
                 400, "optimizer_params: only Adam (adam_params) is supported here", "optimizer_params"
             )
         model = tinker.model(caller(), body.model_id)
         adam = AdamStep(**(body.adam_params or AdamBody()).model_dump())
-        return ordered(model, body.seq_id, lambda: model.optim_step(adam))
+        return ordered(model, body.seq_id, raw, lambda: model.optim_step(adam))
 
     # ---- weights -----------------------------------------------------------------------------
     @router.post("/save_weights")
     async def save_weights(request: Request):
-        body = _body(SaveBody, await _json(request))
+        raw = await request.body()
+        body = _body(SaveBody, _parse(raw))
         model = tinker.model(caller(), body.model_id)
         name = body.path or f"{body.seq_id:06d}"
 
@@ -259,11 +274,12 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
             model.save_state(folder)
             return {"type": "save_weights", "path": tinker.path_of(model.model_id, "weights", name)}
 
-        return ordered(model, body.seq_id, work)
+        return ordered(model, body.seq_id, raw, work)
 
     @router.post("/save_weights_for_sampler")
     async def save_for_sampler(request: Request):
-        body = _body(SaveBody, await _json(request))
+        raw = await request.body()
+        body = _body(SaveBody, _parse(raw))
         model = tinker.model(caller(), body.model_id)
         named = body.path is not None
         name = body.path if named else f"{EPHEMERAL}{body.seq_id}"
@@ -280,11 +296,12 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
                 out["sampling_session_id"] = session.session_id
             return out
 
-        return ordered(model, body.seq_id, work)
+        return ordered(model, body.seq_id, raw, work)
 
     @router.post("/load_weights")
     async def load_weights(request: Request):
-        body = _body(LoadBody, await _json(request))
+        raw = await request.body()
+        body = _body(LoadBody, _parse(raw))
         tenant = caller()
         if body.session_id is not None:  # create-via-load: a new model, its settings from the state
             if body.model_seq_id is None:
@@ -297,7 +314,7 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
                 if body.base_model is not None:
                     tinker.check_base(body.base_model)
                 model = await tinker.create_model(tenant, body.session_id, body.model_seq_id, settings)
-                await asyncio.to_thread(model.load_state, folder, optimizer=body.optimizer)
+                await tinker.run(lambda: model.load_state(folder, optimizer=body.optimizer))
                 return {"type": "load_weights", "path": body.path, "model_id": model.model_id}
 
             return future(None, create_from_state)
@@ -312,7 +329,7 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
             model.load_state(folder, optimizer=body.optimizer)
             return {"type": "load_weights", "path": body.path, "model_id": model.model_id}
 
-        return ordered(model, body.seq_id, load)
+        return ordered(model, body.seq_id, raw, load)
 
     @router.get("/training_runs/{model_id}/checkpoints")
     async def list_checkpoints(model_id: str):
@@ -378,7 +395,7 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
 
         async def run():
             try:
-                return await asyncio.to_thread(tinker.samplers.sample, session, body)
+                return await tinker.run(lambda: tinker.samplers.sample(session, body))
             except BadInput as exc:
                 raise RequestFailed(str(exc)) from None
 

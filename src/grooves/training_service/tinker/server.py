@@ -19,8 +19,10 @@ A path or id of another tenant does not exist for a caller (404 or a failed futu
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +61,14 @@ class TinkerService:
         self.futures = Futures()
         self.samplers = Samplers(self)
         self._creating = asyncio.Lock()
+        self.workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tinker")
+        """Where the models' work runs (blocking torch work, most of it waiting for the base's lock):
+        apart from the event loop's default threads, which read and check the next requests."""
+
+    async def run(self, work):
+        """`work()` on the model workers, in the caller's context (its tenant)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self.workers, context.run, work)
 
     # ---- what the samplers use -------------------------------------------------------------
     @property
@@ -164,8 +174,8 @@ class TinkerService:
             name = folder_name(model_id)
             folder = self.folder(tenant, model_id)
             config = self.service.run_config(settings.sections(), name, folder)
-            hosted = await asyncio.to_thread(
-                HostedModel.build, tenant, name, config, self.service.base, folder
+            hosted = await self.run(
+                lambda: HostedModel.build(tenant, name, config, self.service.base, folder)
             )
             model = TinkerModel(model_id, tenant, settings, hosted, folder)
             self.models[model_id] = model

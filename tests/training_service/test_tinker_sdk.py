@@ -8,19 +8,21 @@ import math
 import httpx
 import numpy as np
 import pytest
-import tinker
-import torch
-from tests.training_service.tinker_support import ALICE, BOB, client, rl_datum, tinker_server, trained
-from tinker import types
-from tinker.proto.request_conv import forward_backward_request_to_proto
-from transformers import AutoModelForCausalLM
 
-from grooves.config import parse_config
-from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
-from grooves.policy import policy_for
-from grooves.training.checkpoint import seed_everything
-from grooves.training.optim import adamw
-from grooves.training.step import run_loss, train_step
+tinker = pytest.importorskip("tinker", reason="the Tinker SDK: the dev extra (make setup) installs it")
+
+import torch  # noqa: E402
+from tests.training_service.tinker_support import ALICE, BOB, client, rl_datum, tinker_server, trained  # noqa: E402
+from tinker import types  # noqa: E402
+from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from grooves.config import parse_config  # noqa: E402
+from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup  # noqa: E402
+from grooves.policy import policy_for  # noqa: E402
+from grooves.training.checkpoint import seed_everything  # noqa: E402
+from grooves.training.optim import adamw  # noqa: E402
+from grooves.training.step import run_loss, train_step  # noqa: E402
 
 PROMPT = [5, 17, 42, 9, 33]
 COMPLETIONS = [[61, 62, 63], [70, 71]]

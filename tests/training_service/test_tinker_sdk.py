@@ -170,6 +170,42 @@ def test_a_sampler_samples_the_weights_it_was_saved_with(server, tiny_model_dir)
         assert base.sample(prompt, 1, params).result().sequences[0].tokens
 
 
+def test_a_sampler_of_unchanged_weights_samples_the_training_model_itself(server, tiny_model_dir):
+    """Between an RL loop's save and its next step, a sampler samples the training model's own policy
+    (no copy of the adapter is loaded); once the model steps, the saved copy is loaded and samples the
+    same tokens with the same logprobs."""
+    url, app = server
+    samplers = app.state.tinker.samplers
+    params = types.SamplingParams(max_tokens=6, seed=7, temperature=1.0)
+    prompt = types.ModelInput.from_ints(PROMPT)
+    ce = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(PROMPT),
+            loss_fn_inputs={"target_tokens": PROMPT[1:] + [8], "weights": [1.0] * 5},
+        )
+    ]
+    with client(url) as sc:
+        tc = sc.create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=6).result()
+        tc.forward_backward(ce, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        loaded = set(samplers._loaded)
+        generator = app.state.tinker.models[tc.model_id].policy.generator
+        state = generator.get_state()
+        first = sampler.sample(prompt, 3, params).result()
+        unseeded = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4)).result()
+        assert set(samplers._loaded) == loaded  # sampled on the live adapter: nothing loaded
+        assert len(unseeded.sequences) == 2
+        assert torch.equal(generator.get_state(), state)  # a saved state's RNG is not the samplers'
+        tc.forward_backward(ce, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        again = sampler.sample(prompt, 3, params).result()
+        assert len(set(samplers._loaded) - loaded) == 1  # the saved copy, now that the model moved on
+        assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+        for a, b in zip(again.sequences, first.sequences, strict=True):
+            assert np.allclose(a.logprobs, b.logprobs, atol=1e-5), (a.logprobs, b.logprobs)
+
+
 def test_a_restarted_service_resumes_a_model_from_save_state_exactly(tiny_model_dir, tmp_path):
     """save_state, the service stops, a new one starts on the same folder: the model created from
     the state with its optimizer takes the next step exactly as the model that never stopped."""

@@ -287,8 +287,9 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
 
         def work():
             folder = tinker.new_weights_folder(model, "sampler_weights", name)
-            model.save_sampler(folder)
+            version = model.save_sampler(folder)
             path = tinker.path_of(model.model_id, "sampler_weights", name)
+            tinker.samplers.saved(tenant, path, model, version)
             out = {"type": "save_weights_for_sampler", "path": path}
             if not named:
                 tinker.prune_ephemeral(model)

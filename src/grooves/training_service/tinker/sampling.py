@@ -9,6 +9,12 @@ and token ids out, with each sampled token's logprob. At most `max_loaded` saved
 held in memory at once; the one used longest ago is unloaded and loaded again from its folder if
 its session samples again, so a loop that saves a sampler every step does not grow the process.
 
+While the training model that saved the weights still holds them (no optimizer step or loaded
+state since the save, which `policy.adapters.version` tells), its session samples the training
+model's own policy instead: the same weights, with the adapter folded into the base as grooves'
+trainer samples, about three times faster on a CPU than the unfolded adapter layers. This is
+what an RL loop does between two steps (save, sample, train, save again).
+
 `prompt_logprobs` (what `compute_logprobs` asks for) are the same weights' logprobs of each
 prompt token, from one forward of the prompt.
 """
@@ -19,6 +25,7 @@ import contextlib
 import math
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +48,18 @@ class SamplingSession:
     """The `tinker://` path it samples (None: the base model)."""
     folder: Path | None
     """The saved adapter's folder (None: the base model)."""
+    source: weakref.ref | None = None
+    """The training model that saved these weights (None: unknown, or the base model)."""
+    version: int | None = None
+    """Its adapter's version when it saved them."""
+
+    def live_policy(self):
+        """The policy of the training model that saved these weights while it still holds them
+        unchanged (call under its lock); else None."""
+        model = self.source() if self.source is not None else None
+        if model is None or model.policy.adapters.version != self.version:
+            return None
+        return model.policy
 
     @property
     def route_name(self) -> str | None:
@@ -58,12 +77,21 @@ class Samplers:
         self.sessions: dict[str, SamplingSession] = {}
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[tuple[str, str], None] = OrderedDict()  # (tenant, route name), oldest first
+        self._saved: dict[tuple[str, str], tuple[weakref.ref, int]] = {}  # (tenant, path): (model, version)
         self._lock = threading.Lock()
+
+    def saved(self, tenant: str, model_path: str, model, version: int) -> None:
+        """`model` (a `TinkerModel`) saved its adapter at `version` for sampling under `model_path`."""
+        with self._lock:
+            self._saved[(tenant, model_path)] = (weakref.ref(model), version)
 
     def open(
         self, tenant: str, base_model: str, model_path: str | None, folder: Path | None
     ) -> SamplingSession:
         session = SamplingSession(uuid.uuid4().hex[:16], tenant, base_model, model_path, folder)
+        if model_path is not None:
+            with self._lock:
+                session.source, session.version = self._saved.get((tenant, model_path), (None, None))
         self.sessions[session.session_id] = session
         return session
 
@@ -85,15 +113,30 @@ class Samplers:
         if any(not 0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             raise BadInput(f"prompt: {bad} is not a token id of this model (its ids are 0..{vocab - 1})")
-        with self._route(session) as adapter:
-            completions = self.service.policy.generate([prompt], [params], adapter)[0]
-            lps = None
-            if request.get("prompt_logprobs"):
-                lps = self._prompt_logprobs(policy, adapter, prompt, request.get("prompt_logprobs_last_n"))
+        with policy.lock:  # the training models' lock too: no step between the check and the sampling
+            live = session.live_policy()
+            if live is not None:
+                if params.seed is None:  # drawn here: the training model's own generator is its state
+                    params.seed = int(torch.randint(0, 2**62, (1,), generator=policy.generator))
+                completions, lps = self._generate(live, live, None, prompt, params, request)
+        if live is None:
+            with self._route(session) as adapter:
+                completions, lps = self._generate(
+                    self.service.policy, policy, adapter, prompt, params, request
+                )
         sequences = [
             (c.token_ids, c.logprobs, "stop" if c.finish_reason == "stop" else "length") for c in completions
         ]
         return sample_response(sequences, lps)
+
+    def _generate(self, sampler, scorer, adapter: str | None, prompt: list[int], params, request: dict):
+        """(completions, prompt logprobs or None): `sampler.generate` on `adapter`; `scorer` is the
+        policy whose model scores the prompt on the same weights."""
+        completions = sampler.generate([prompt], [params], adapter)[0]
+        lps = None
+        if request.get("prompt_logprobs"):
+            lps = self._prompt_logprobs(scorer, adapter, prompt, request.get("prompt_logprobs_last_n"))
+        return completions, lps
 
     def _params(self, p: dict, prompt_len: int, n: int) -> SamplingParams:
         if p.get("top_k", -1) not in (-1, 0):

@@ -223,17 +223,20 @@ class TinkerModel:
             policy.adapters.bump()
             self.steps = state.step
 
-    def save_sampler(self, folder: Path) -> None:
-        """The adapter alone, in peft's format, for sampling (frozen: later steps do not change it)."""
+    def save_sampler(self, folder: Path) -> int:
+        """The adapter alone, in peft's format, for sampling (frozen: later steps do not change it);
+        returns the version of the live adapter it copies (`policy.adapters.version`)."""
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         with self.policy.lock:
             self.policy.model.save_pretrained(tmp, selected_adapters=["default"])
+            version = self.policy.adapters.version
         base = getattr(self.policy.model.peft_config.get("default"), "base_model_name_or_path", None)
         if base:
             record_adapter_base(tmp, describe_base(base))
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
+        return version
 
 
 def read_settings(folder: Path) -> LoraSettings:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from typer.testing import CliRunner
 
 from grooves.cli import app as cli_app
 from grooves.config import parse_config
+from grooves.core.trajectory import read_groups
+from grooves.judge.batch import read_items
 from grooves.report.intervals import wilson_interval
 from grooves.training.loop import train
 
@@ -116,3 +119,18 @@ def test_bad_eval_arguments_are_one_line(args, line):
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert result.stderr.strip().splitlines()[0].startswith(line), result.stderr
+
+
+def test_eval_out_writes_its_rollouts_as_a_batch_for_the_judge(peaked_model_dir, tmp_path):
+    out = tmp_path / "batch.jsonl"
+    got = _eval(
+        str(peaked_model_dir),
+        *("--task", "toy_tokens", "--option", "vocab_size=487", "--option", "num_scenarios=16"),
+        *("--split", "train", "--samples", "3", "--scenarios", "8", "--max-tokens", "4", "--out", str(out)),
+    )
+    groups = read_groups(out)
+    assert [len(g.trajectories) for g in groups] == [3] * 8
+    assert statistics.fmean(t.reward for g in groups for t in g.trajectories) == got["reward"]["mean"]
+    items = read_items(out)  # what `grooves judge score` reads: one item per rollout, grouped by scenario
+    assert len(items) == 24 and len({i.group for i in items}) == 8
+    assert items[0].output == groups[0].trajectories[0].messages[-1]["content"]

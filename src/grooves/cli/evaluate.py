@@ -74,6 +74,11 @@ def eval_command(
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object (for scripts) instead of text."
     ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Also write every rollout group here (JSONL, one group per line): a batch `grooves judge score` reads.",
+    ),
 ) -> None:
     """Evaluate a model, adapter or checkpoint on a task: success and reward with 95% intervals.
 
@@ -92,7 +97,15 @@ def eval_command(
             raise ValueError(f"--split {split}: task {settings['task_name']} has no {split} scenarios")
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
-    result = asyncio.run(_run(plan, settings, split))
+    result, groups = asyncio.run(_run(plan, settings, split))
+    if out is not None:
+        from grooves.jsonl import write_models
+
+        write_models(out, groups, append=False)
+        typer.echo(
+            f"wrote {out}: {len(groups)} groups, {sum(len(g.trajectories) for g in groups)} rollouts",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(result))
     else:
@@ -169,7 +182,7 @@ def _load_task(spec: str, options: dict):
         raise ValueError(f"--task: {str(exc).removeprefix('task ')}") from None
 
 
-async def _run(plan: dict, settings: dict, split: str) -> dict[str, Any]:
+async def _run(plan: dict, settings: dict, split: str) -> tuple[dict[str, Any], list]:
     from grooves.policy.transformers import TransformersPolicy
     from grooves.rollouts.handle import ModelHandle
     from grooves.serve.app import create_app, inprocess_client
@@ -225,7 +238,7 @@ async def _run(plan: dict, settings: dict, split: str) -> dict[str, Any]:
         "max_tokens": settings["max_tokens"],
         "seed": settings["seed"],
         **summarize(groups, seed=settings["seed"]),
-    }
+    }, groups
 
 
 def _text(r: dict[str, Any]) -> list[str]:

@@ -95,8 +95,14 @@ class ServerErrors:
 
 
 def bearer(scope: Scope) -> tuple[bytes, bytes | None]:
-    """(the request's `Authorization` header, the key it carries as `Bearer <key>`, else None)."""
-    header = dict(scope.get("headers") or []).get(b"authorization", b"")
+    """(the request's key header, the key it carries), the key None when it carries none: the
+    `Authorization` header as `Bearer <key>` (OpenAI's clients), else an `X-API-Key` header (the
+    Tinker SDK's)."""
+    headers = dict(scope.get("headers") or [])
+    header = headers.get(b"authorization", b"")
+    if not header and headers.get(b"x-api-key"):
+        key = headers[b"x-api-key"]
+        return key, key.strip()
     scheme, _, sent = header.partition(b" ")
     return header, sent.strip() if scheme.lower() == b"bearer" else None
 

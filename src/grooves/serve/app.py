@@ -100,7 +100,8 @@ def create_app(
 
     def unauthorized(reason: str) -> dict:
         return error_body(
-            f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key)",
+            f"{reason}: send it as the header 'Authorization: Bearer <key>' (the openai client's api_key) "
+            "or 'X-API-Key: <key>' (the tinker SDK's)",
             code="invalid_api_key",
         )
 

@@ -9,6 +9,7 @@ tenants (`serve.keys`), and an adapter table that shows each tenant only its own
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -19,6 +20,8 @@ from grooves.serve.app import MAX_BODY_BYTES, MAX_REQUEST_TOKENS, create_app
 from grooves.serve.keys import ApiKeys
 from grooves.training_service.core import Service
 from grooves.training_service.routes import service_router
+from grooves.training_service.tinker.routes import tinker_router
+from grooves.training_service.tinker.server import TinkerService
 from grooves.training_service.validate import StepLimits
 
 
@@ -28,7 +31,7 @@ def create_service_app(
     *,
     keys: ApiKeys | None = None,
     served_name: str | None = None,
-    adapters: list[tuple[str, str]] = (),
+    adapters: Sequence[tuple[str, str]] = (),
     dtype: str = "float32",
     device: str = "cpu",
     max_models: int = 8,
@@ -61,4 +64,6 @@ def create_service_app(
     )
     app.state.service = service
     app.include_router(service_router(service))
+    app.state.tinker = TinkerService(service, max_n=max_n, max_request_tokens=max_request_tokens)
+    app.include_router(tinker_router(app.state.tinker))
     return app

@@ -150,6 +150,7 @@ class HostedModel:
         """The most tokens one training sequence may hold: the widest row one micro-batch of
         `optim.micro_batch_tokens` holds, attention's T x T memory counted (`training.memory`)."""
         o = self.config.optim
+        assert o.micro_batch_tokens is not None  # chosen from the free memory when the model loaded
         pairs = pair_tokens(self.policy.model, checkpointing=o.gradient_checkpointing)
         return longest_row(o.micro_batch_tokens, pairs)
 
@@ -166,7 +167,7 @@ class HostedModel:
             "groups_with_signal": float(groups_with_signal([g for g in groups if len(g.ok) >= 2])),
             **reward_stats(groups),
         }
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             stats, seqs = train_step(
                 self.policy, self.optimizer, groups, self.config, self.loss, history=self.history
             )
@@ -184,12 +185,13 @@ class HostedModel:
             }
         )
         self.results[step] = row  # a retry is answered with this row, whatever below fails
+        trained = sum(len(s) for s in seqs)
         usage = {
             "step": step,
             "tenant": self.tenant,
             "prompt_tokens": self._sampled[0],
             "sampled_tokens": self._sampled[1],
-            "trained_tokens": sum(len(s) for s in seqs),
+            "trained_tokens": trained,
         }
         self._sampled = [0, 0]
         self.log.log(row)
@@ -201,7 +203,7 @@ class HostedModel:
         if step % self.config.checkpoint.every == 0:
             self._checkpoint()
         self.log.plot()
-        return row, usage["trained_tokens"]
+        return row, trained
 
     def note_sampled(self, prompt_tokens: int, completion_tokens: int) -> None:
         """A chat completion of this model was answered: counted in the next step's usage line."""
@@ -246,7 +248,7 @@ class HostedModel:
 
     def _checkpoint(self) -> Path:
         state = TrainState(step=self.step, data_position=self.step)
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             return save_checkpoint(
                 self.run_dir,
                 state,
@@ -259,7 +261,7 @@ class HostedModel:
 
     def _load(self, checkpoint: Path) -> None:
         """Weights, optimizer and RNG states from `checkpoint`; the run folder's records cut back to it."""
-        with self.policy.lock, self._rngs():
+        with self.policy.lock, self.rngs():
             state = load_checkpoint(checkpoint, self.policy.model, self.optimizer, self.policy.generator)
         self.policy.adapters.version = state.step
         self.log.truncate_after(state.step)
@@ -273,7 +275,7 @@ class HostedModel:
         return read_jsonl(path) if path.exists() else []
 
     @contextlib.contextmanager
-    def _rngs(self) -> Iterator[None]:
+    def rngs(self) -> Iterator[None]:
         """Inside: torch's RNG is this model's stream (saved back on the way out); the process's
         own torch, Python and numpy states are as they were afterwards."""
         with _isolated_rngs(self.config.model.device):

@@ -46,6 +46,7 @@ from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
 from grooves.serve.keys import ApiKeys, KeyCheck
+from grooves.serve.responses import responses_router
 from grooves.serve.routing import ModelRoutes
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -149,6 +150,9 @@ def create_app(
         chat_router(
             policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
         )
+    )
+    app.include_router(
+        responses_router(policy, scheduler, adapters, max_request_tokens=max_request_tokens, meter=meter)
     )
     return app
 

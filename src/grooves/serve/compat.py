@@ -145,13 +145,15 @@ class FieldRefused(ValueError):
         self.param = param
 
 
-def check_fields(body: dict[str, Any]) -> None:
-    """Refuse (`FieldRefused`) a field outside the table, or a refused field at a value that asks for something."""
+def check_fields(
+    body: dict[str, Any], table: dict[str, FieldSupport] | None = None, api: str = "Chat Completions"
+) -> None:
+    """Refuse (`FieldRefused`) a field outside the table (default: Chat Completions'), or a refused
+    field at a value that asks for something."""
+    table = REQUEST_FIELDS if table is None else table
     for name, value in body.items():
-        support = REQUEST_FIELDS.get(name)
+        support = table.get(name)
         if support is None:
-            raise FieldRefused(
-                f"{name} is not a Chat Completions request field this server knows; remove it", name
-            )
+            raise FieldRefused(f"{name} is not a {api} request field this server knows; remove it", name)
         if support.status == "refused" and value not in support.inert:
             raise FieldRefused(f"{name} is not supported by this server ({support.note}); remove it", name)

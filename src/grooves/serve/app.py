@@ -45,6 +45,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
+from grooves.serve.generate import generate_router
 from grooves.serve.keys import ApiKeys, KeyCheck
 from grooves.serve.responses import responses_router
 from grooves.serve.routing import ModelRoutes
@@ -153,6 +154,11 @@ def create_app(
     )
     app.include_router(
         responses_router(policy, scheduler, adapters, max_request_tokens=max_request_tokens, meter=meter)
+    )
+    app.include_router(
+        generate_router(
+            policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
+        )
     )
     return app
 

@@ -81,6 +81,16 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "user": FieldSupport(
         "supported", "a string of at most 256 characters, recorded in the server's log line of the request"
     ),
+    "return_token_ids": FieldSupport(
+        "supported",
+        "vLLM's: the prompt ids also at the top of the response (`prompt_token_ids`, a stream's first chunk)",
+    ),
+    "return_tokens_as_token_ids": FieldSupport(
+        "supported", "vLLM's: each logprob entry's `token` is \"token_id:N\""
+    ),
+    "skip_special_tokens": FieldSupport(
+        "limited", "vLLM's: true (the default); false keeps special tokens in the content, unstreamed only"
+    ),
     "safety_identifier": _refused("grooves keeps no per-user records"),
     "prompt_cache_key": _refused("no prompt cache to route"),
     "prompt_cache_retention": _refused("no prompt cache"),
@@ -129,6 +139,7 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
         "supported", "grooves: the loaded adapter, null for the policy's own weights"
     ),
     "choices[].temperature": FieldSupport("supported", "grooves: the temperature the choice was sampled at"),
+    "prompt_token_ids": FieldSupport("supported", "vLLM's place for the prompt ids, with `return_token_ids`"),
     "usage": FieldSupport("limited", "prompt_tokens, completion_tokens, total_tokens; no token details"),
     "system_fingerprint": FieldSupport("refused", "never sent"),
     "service_tier": FieldSupport("refused", "never sent"),

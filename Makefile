@@ -25,7 +25,7 @@ $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(LOCK) torch
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray,trackers]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray,trackers,verifiers]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
@@ -43,12 +43,16 @@ $(VLLM_BIN)/grooves: pyproject.toml $(VLLM_LOCK)
 
 setup-vllm: $(VLLM_BIN)/grooves
 
-# every package of the lock and nothing else (pip check then says nothing is missing)
-$(VERIFIERS_BIN)/vf-ready: $(VERIFIERS_LOCK)
+# every package of the lock and nothing else (pip check then says nothing is missing), the verifiers
+# environments of examples/verifiers, and the program verifiers' chat harness runs (its packages come
+# from the index once, here, so that training installs nothing)
+$(VERIFIERS_BIN)/vf-ready: $(VERIFIERS_LOCK) $(wildcard examples/verifiers/*/pyproject.toml examples/verifiers/*/*/*.py)
 	test -x $(VERIFIERS_BIN)/python || $(PY) -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_BIN)/pip install -q --upgrade pip
 	$(VERIFIERS_BIN)/pip install -q --no-deps -r $(VERIFIERS_LOCK)
 	$(VERIFIERS_BIN)/pip check
+	$(VERIFIERS_BIN)/pip install -q --no-deps $(wildcard examples/verifiers/*/)
+	PATH=$(abspath $(VERIFIERS_BIN)):$$PATH $(VERIFIERS_BIN)/python -I src/grooves/tasks/verifiers_server.py --warm
 	touch $(VERIFIERS_BIN)/vf-ready
 
 setup-verifiers: $(VERIFIERS_BIN)/vf-ready

@@ -16,6 +16,7 @@ RUN_FILES = sorted(
         *ROOT.glob("examples/*.toml"),
         *ROOT.glob("examples/hn_titles/*.toml"),
         *ROOT.glob("examples/agents/*.toml"),
+        *ROOT.glob("examples/verifiers/*.toml"),
     ]
     if p not in SFT_FILES
 )

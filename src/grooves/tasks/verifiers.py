@@ -118,19 +118,21 @@ class VerifiersTask:
             "--splits",
             json.dumps(splits),
         ]
-        self._server = subprocess.Popen(
-            [*cmd, "--rows", str(rows_file), "--address", self.address],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        self.log = rows_file.with_name("server.log")
+        """verifiers' server's output (a file, not a pipe: a pipe nobody reads would stall it once full)."""
+        with open(self.log, "w") as log:
+            self._server = subprocess.Popen(
+                [*cmd, "--rows", str(rows_file), "--address", self.address],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         atexit.register(self.close)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not rows_file.exists():
             if self._server.poll() is not None:
-                lines = [ln for ln in (self._server.stderr.read() or "").splitlines() if ln.strip()]
+                lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
                 errors = [ln for ln in lines if ln.startswith("error: ")]
                 raise VerifiersError(
                     (errors[-1][len("error: ") :] if errors else lines[-1] if lines else "exited")
@@ -169,9 +171,8 @@ class VerifiersTask:
                     if msgpack.unpackb(data, raw=False).get("success"):
                         return
                 if self._server is not None and self._server.poll() is not None:
-                    raise VerifiersError(
-                        f"verifiers' environment server exited: {self._server.stderr.read()[-500:]}"
-                    )
+                    tail = " ".join(self.log.read_text(errors="replace").strip().splitlines()[-1:])
+                    raise VerifiersError(f"verifiers' environment server exited ({self.log}): {tail}")
         finally:
             sock.close()
         raise VerifiersError(

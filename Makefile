@@ -1,4 +1,4 @@
-# Targets named in the README. Each one sets up what it needs, so it works on a fresh clone.
+# Targets named in the README and docs/quickstart.md. Each one sets up what it needs, so it works on a fresh clone.
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -113,6 +113,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_batch_invariance.py
 	$(BIN)/python benchmarks/bench_floor.py
 	$(BIN)/python benchmarks/bench_env_reset.py --resets 1000
+	$(BIN)/python benchmarks/bench_allocator.py
 	$(BIN)/python benchmarks/bench_watch_fpr.py
 	$(BIN)/python benchmarks/bench_streaming.py
 	$(BIN)/python benchmarks/bench_constraints.py --ignore-eos

@@ -171,7 +171,7 @@ def test_a_run_folder_that_holds_a_run_is_refused_in_one_line(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "checkpoints"]
 
 
-# ---- what a first task written from the README runs into --------------------------------------------
+# ---- what a first task written from the docs runs into --------------------------------------------
 import re  # noqa: E402
 import tomllib  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -245,16 +245,16 @@ def test_resume_without_a_checkpoint_is_one_line_before_the_model_loads(tmp_path
     )
 
 
-def _readme_run_file() -> str:
-    text = (ROOT / "README.md").read_text()
+def _documented_run_file() -> str:
+    text = (ROOT / "docs" / "training.md").read_text()
     start = text.index("One TOML file describes a run")
     return re.search(r"```toml\n(.*?)```", text[start:], re.S).group(1)
 
 
-def test_the_readmes_run_file_is_valid_toml_and_a_valid_run_file_as_printed():
+def test_the_documented_run_file_is_valid_toml_and_a_valid_run_file_as_printed():
     from grooves.config import parse_config
 
-    data = tomllib.loads(_readme_run_file())
+    data = tomllib.loads(_documented_run_file())
     config = parse_config(data)
     assert config.task == "mypkg.titles:Titles" and config.rollout.groups_per_step == 4
     assert config.algorithm.kl_kind == "k3" and config.optim.on_nonfinite == "skip"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from grooves.config import load_config, load_sft_config
+from grooves.config import dump_config, load_config, load_sft_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_FILES = sorted(ROOT.glob("examples/**/*_sft.toml"))
@@ -27,9 +28,9 @@ def test_there_are_run_files():
 
 
 @pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: p.name)
-def test_run_file_loads(path):
-    config = load_config(path)
-    assert config.steps >= 1 and config.name
+def test_run_file_loads_and_its_resolved_config_reads_back_the_same(path):
+    config = load_config(path)  # what a run saves as config.toml, and a checkpoint holds, must load as it was
+    assert parse_config(tomllib.loads(dump_config(config))) == config
 
 
 @pytest.mark.parametrize("path", SFT_FILES, ids=lambda p: p.name)

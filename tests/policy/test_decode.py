@@ -142,7 +142,7 @@ def test_both_matmul_forms_decode_the_same(model_dir):
     forms = {}
     for transposed in (False, True):
         plan = MatmulPlan()
-        plan._chosen = dict.fromkeys(range(1, 64), transposed)
+        plan.fix(dict.fromkeys(range(1, 64), transposed))
         with policy.sampler.fast.merged.applied():
             forms[transposed] = _draws(policy, prompts, fused=True, plan=plan)
     _assert_same(forms[True], forms[False])
@@ -244,12 +244,9 @@ def test_each_fast_setting_times_only_what_it_says(model_dir, fast, blocks_timed
     head = policy.model.get_output_embeddings()
     policy.generate(_prompts(policy), PARAMS)
     assert policy.model.get_output_embeddings() is head  # swapped back after sampling, if swapped at all
-    assert (policy.sampler.fast.plan is not None and bool(policy.sampler.fast.plan._seconds)) is blocks_timed
-    assert (
-        policy.sampler.fast.head is not None
-        and policy.sampler.fast.head._plan is not None
-        and bool(policy.sampler.fast.head._plan._transposed)
-    ) is head_timed
+    assert (policy.sampler.fast.plan is not None and policy.sampler.fast.plan.timed()) is blocks_timed
+    head_plan = policy.sampler.fast.head.plan if policy.sampler.fast.head is not None else None
+    assert (head_plan is not None and bool(head_plan.chosen())) is head_timed
 
 
 @pytest.mark.parametrize(

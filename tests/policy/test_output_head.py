@@ -14,7 +14,7 @@ def test_both_matmul_forms_give_the_linear_layers_output_for_every_row_count():
     plan = HeadPlan(linear.weight)
     x = torch.randn(1, 5, 24)  # [B, T, in] as a model passes it
     for rows in range(1, 10):
-        plan._transposed = {r: True for r in range(2, 9)} if rows % 2 else {r: False for r in range(2, 9)}
+        plan.fix({r: bool(rows % 2) for r in range(2, 9)})
         xr = torch.randn(rows, 1, 24)
         assert torch.allclose(PlannedLinear(linear, plan)(xr), linear(xr), atol=1e-5)
     assert torch.allclose(PlannedLinear(linear, plan)(x), linear(x), atol=1e-5)
@@ -26,7 +26,7 @@ def test_both_matmul_forms_give_the_linear_layers_output_for_every_row_count():
 def test_a_timed_plan_decides_once_per_row_count():
     plan = HeadPlan(torch.randn(4096, 64))
     first = [plan.transposed(r) for r in range(2, 9)]
-    assert sorted(plan._transposed) == list(range(2, 9))
+    assert sorted(plan.chosen()) == list(range(2, 9))
     assert [plan.transposed(r) for r in range(2, 9)] == first  # remembered, not re-timed
 
 
@@ -35,7 +35,7 @@ def test_weights_off_the_cpu_are_never_timed():
         torch.empty(4096, 64, device="meta")
     )  # host timers cannot measure asynchronous GPU kernels
     assert [plan.transposed(r) for r in range(2, 9)] == [False] * 7
-    assert plan._transposed == {}
+    assert plan.chosen() == {}
 
 
 def test_planned_head_is_swapped_in_only_inside_and_keeps_the_logits(tiny_model_dir):
@@ -47,7 +47,7 @@ def test_planned_head_is_swapped_in_only_inside_and_keeps_the_logits(tiny_model_
         planned = PlannedHead()
         with planned.applied(model):
             assert isinstance(model.get_output_embeddings(), PlannedLinear)
-            planned._plan._transposed = {r: True for r in range(2, 9)}  # force the other form at 3 rows
+            planned.plan.fix({r: True for r in range(2, 9)})  # force the other form at 3 rows
             got = model(input_ids=ids, logits_to_keep=1).logits[:, -1]
     assert model.get_output_embeddings() is head
     assert torch.allclose(got, expected, atol=1e-5)

@@ -1,4 +1,4 @@
-"""`model.complete`: the request it sends is the one the README documents."""
+"""`model.complete`: the request it sends is the one docs/tasks.md documents."""
 
 from __future__ import annotations
 

@@ -202,7 +202,7 @@ def serve_command(
         f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False
     )
     if device == "cpu" and backend == "transformers" and "OMP_WAIT_POLICY" not in os.environ:
-        # libgomp's spinning threads stall the sampler when other processes share the cores (docs/speed.md, change 2)
+        # libgomp's spinning threads stall the sampler when other processes share the cores (CHANGELOG.md, change 2)
         console.print(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
             highlight=False,

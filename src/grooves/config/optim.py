@@ -64,7 +64,7 @@ class OptimConfig(AdamWConfig):
 
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate. 2e-4 is what the capitals demo learns with (LoRA rank 8 on a 135M model,
-    docs/adapters.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
+    benchmarks/results/README.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
     larger models or ranks. At most 1: past it every step blows the adapter up."""
 
     micro_batch_tokens: int | None = Field(None, ge=16)

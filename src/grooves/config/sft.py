@@ -22,7 +22,7 @@ from grooves.config.tasks import TaskOptions
 class SftOptimConfig(AdamWConfig):
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate. On capitals, 16 steps at 2e-4 reached 0.778 held-out success and 1e-4
-    0.704 (docs/adapters.md); the corpus_search demonstrations
+    0.704 (benchmarks/results/README.md); the corpus_search demonstrations
     were trained at 5e-4 (examples/agents/corpus_search_sft.toml)."""
 
 

@@ -10,7 +10,7 @@ The wait is a quiet window, not a fixed one: it ends when no request has arrived
 milliseconds apart (each renders its chat template first, more slowly on a busy machine), and a
 window of fixed length can close in the middle of a group: its second part would then wait for
 the whole decode of the first. Decoding is memory-bound on CPU, so a larger batch costs little
-more than a small one and waiting a few milliseconds more is cheap (docs/speed.md, change 1).
+more than a small one and waiting a few milliseconds more is cheap (CHANGELOG.md, change 1).
 
 With several LoRA adapters served on one base, a batch is split by adapter and each part is
 sampled with its adapter active, one part after the other. (peft can mix adapters within one

@@ -24,7 +24,7 @@ The step checks each turn's version (`staleness_stats`, in `step.train_step`): 0
 What overlaps: the sampler and the optimizer step share the policy's lock (one set of weights
 on one device), so their batches alternate; what runs beside the optimizer step is everything
 else in a rollout (agent code, environments, tool calls, reward code, judges over HTTP) and the
-scheduling of the next requests. docs/speed.md measures it and works out what a GPU gives.
+scheduling of the next requests. docs/scaling.md measures it and works out what a GPU gives.
 
 Checkpoints: the rollouts in flight are discarded. A checkpoint of step s also holds the saved
 versions that steps s + 1 .. s + k sample with (`checkpoint_versions`), so `--resume` runs those

@@ -1,6 +1,6 @@
 """The run folder a person reads: metrics JSONL, reward curve PNG, samples.
 
-Layout (documented in the README):
+Layout (documented in docs/runs.md):
 
     config.toml            resolved config of the run
     metrics.jsonl          one JSON object per step (see `grooves.training.loop` for the keys)

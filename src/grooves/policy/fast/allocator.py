@@ -5,7 +5,7 @@ over the vocabulary for a few hundred positions, the log-softmax, its backward a
 of the logits. glibc's malloc serves every block above its mmap threshold (which it never raises
 past 32 MiB) with a fresh `mmap` and unmaps it on `free`, so each such tensor faults all its
 pages in again, zeroed by the kernel. With mmap off for the heap and trimming raised, freed
-blocks are reused instead (docs/speed.md, change 11, counts the page faults per step). It is what
+blocks are reused instead (CHANGELOG.md, change 11, counts the page faults per step). It is what
 preloading jemalloc or tcmalloc does in PyTorch's CPU tuning advice, without another library.
 
 The cost: memory that torch frees stays with the process, so its resident size stays near its

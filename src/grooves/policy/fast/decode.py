@@ -65,7 +65,7 @@ class MatmulPlan:
 
     At a few rows the two forms are the same product through different BLAS kernels, and which is
     faster depends on the CPU, the row count and what else the step does: a loop over the blocks'
-    weights alone can favour the form that real decode steps run slower (docs/speed.md, change 14).
+    weights alone can favour the form that real decode steps run slower (CHANGELOG.md, change 14).
     So the plan times the decode steps themselves: the first `trials` steps at each row count in
     each form, alternating, then the faster (by a clear margin, else `x W^T`). Nothing extra
     runs; the plan persists across batches.
@@ -99,6 +99,14 @@ class MatmulPlan:
     def chosen(self) -> dict[int, bool]:
         """The forms decided so far, by row count."""
         return dict(self._chosen)
+
+    def timed(self) -> bool:
+        """A decode step has been timed."""
+        return bool(self._seconds)
+
+    def fix(self, forms: dict[int, bool]) -> None:
+        """Run these row counts in these forms (True: `(W x^T)^T`) instead of timing them."""
+        self._chosen.update(forms)
 
 
 # ---- the lean forward ------------------------------------------------------------------------

@@ -189,7 +189,7 @@ class _FoldedPacked:
     """A group of LoRA layers' `W + s B A`, packed: the base's blocks are kept, and each change of
     the adapter writes `base + A^T (s B)^T` block by block into the packed memory, one `baddbmm`
     for the group (one contiguous pass, instead of folding a dense copy and repacking it;
-    docs/speed.md, change 18)."""
+    CHANGELOG.md, change 18)."""
 
     def __init__(self, bases: list[torch.Tensor], block: int, rows_hint: int):
         joined = bases[0] if len(bases) == 1 else torch.cat(bases)
@@ -226,7 +226,7 @@ class PackedKernels:
     With `folds` (the policy's own adapter, tracked by a `MergedWeights(dense=False)`), LoRA
     layers with that adapter on run on `W + s B A` folded straight into the packed memory, where
     oneDNN's layout is a plain block array (`blocked_layout`; `_FoldedPacked`): no dense folded
-    copy of the weights, and no repacking after an optimizer step (docs/speed.md, change 18).
+    copy of the weights, and no repacking after an optimizer step (CHANGELOG.md, change 18).
 
     Every row count runs the packed kernel, one row included. An earlier measurement at load
     average 8-12 had MKL's matrix-vector kernel the faster at one row (3.6-5.6x); on a quiet

@@ -5,7 +5,7 @@ peft computes `result + lora_B(lora_A(dropout(x))) * scaling`: after the two thi
 multiplies the [tokens, out] update by the scale and adds it to the base output, two elementwise
 passes in the forward and one more (the scale's gradient) in the backward, in every LoRA layer.
 `torch.addmm` folds the scale and the sum into the B matmul's epilogue, and autograd
-differentiates it as it is (the same gradients, up to float rounding). docs/speed.md (change 15)
+differentiates it as it is (the same gradients, up to float rounding). CHANGELOG.md (change 15)
 measures what it saves.
 
 Only plain LoRA layers change: one active adapter, no dropout (p = 0), no DoRA or other variant,

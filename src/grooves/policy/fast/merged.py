@@ -5,7 +5,7 @@ elementwise glue, in every adapted layer. In a decode step at a few rows every o
 a CPU the thin matmuls and glue are a large share of the step. Sampling needs no gradients, so it
 can run on `W' = W + s B A` instead (the same function, up to float rounding), and training
 differentiates the unmerged layers (its forward reads the sampler's packed folds where they exist,
-`packed_training.py`). docs/speed.md (change 6) measures it.
+`packed_training.py`). CHANGELOG.md (change 6) measures it.
 
 The folded weights live in their own buffers, swapped in for the duration of a sampling batch
 and swapped out after, so the base weights are never changed: peft's in-place

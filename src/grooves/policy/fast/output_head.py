@@ -7,7 +7,7 @@ matmul, runs faster. So each row count's form is timed once on the head's own we
 faster one is kept (`HeadPlan`); a single row (a matrix-vector product) and prefill-sized
 batches keep the usual form. The result is the same product; only float rounding may differ, so
 a timing taken on a busy machine can make two runs of one seed sample differently: the head is
-planned only with `model.fast = "timed"` (docs/speed.md, changes 9, 16 and 17). The blocks'
+planned only with `model.fast = "timed"` (CHANGELOG.md, changes 9, 16 and 17). The blocks'
 weights have a plan of their own, `decode.MatmulPlan`, timed on whole decode steps.
 """
 
@@ -37,6 +37,14 @@ class HeadPlan:
         if rows not in self._transposed:
             self._transposed[rows] = self._time(rows)
         return self._transposed[rows]
+
+    def chosen(self) -> dict[int, bool]:
+        """The forms decided so far (timed or fixed), by row count."""
+        return dict(self._transposed)
+
+    def fix(self, forms: dict[int, bool]) -> None:
+        """Run these row counts in these forms (True: `(W x^T)^T`) instead of timing them."""
+        self._transposed.update(forms)
 
     @torch.no_grad()
     def _time(self, rows: int) -> bool:
@@ -72,7 +80,8 @@ class PlannedHead:
     """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
 
     def __init__(self):
-        self._plan: HeadPlan | None = None
+        self.plan: HeadPlan | None = None
+        """The current head's plan (made at its first sampling batch)."""
         self._slot: tuple[torch.nn.Module, torch.nn.Module, str] | None = None
         """(head, its parent, attribute): found once per head, not at every sampling batch."""
 
@@ -85,10 +94,10 @@ class PlannedHead:
         if self._slot is None:
             yield  # another head type: left as it is
             return
-        if self._plan is None or self._plan.weight is not head.weight:
-            self._plan = HeadPlan(head.weight)
+        if self.plan is None or self.plan.weight is not head.weight:
+            self.plan = HeadPlan(head.weight)
         _, parent, attr = self._slot
-        setattr(parent, attr, PlannedLinear(head, self._plan))
+        setattr(parent, attr, PlannedLinear(head, self.plan))
         try:
             yield
         finally:

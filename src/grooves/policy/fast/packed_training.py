@@ -26,7 +26,7 @@ forward as before (`lora_addmm`'s). The output head, a frozen plain linear layer
 sampler's packed copy of it too, its backward `dL/dx = g W` on the dense weight. The sampler's
 packed weights are borrowed, never made: a run that only trains (SFT without sampling) allocates
 nothing here. The fold is checked against the adapter before every forward of the model
-(`MergedWeights.refresh`), so an optimizer step between two forwards is seen. docs/speed.md
+(`MergedWeights.refresh`), so an optimizer step between two forwards is seen. CHANGELOG.md
 (change 19) measures it.
 """
 

@@ -24,7 +24,9 @@ class LoggingConfig(Section):
     keep_best_mode: Literal["max", "min"] = "max"
     """Whether a higher (`max`) or lower (`min`) `keep_best_by` is better."""
     progress: bool = True
-    """Progress bars on a terminal; one line per step when the output is not a terminal (a log file)."""
+    """Progress bars on a terminal. Without bars (false, or output that is not a terminal, such as a
+    log file) the run writes one line per step, and a heartbeat line every minute while a step's
+    rollouts or a validation run, so a long run is never silent."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     """Experiment trackers that mirror each step's metrics, the resolved config and the sample
     tables, through their own libraries (optional extras: `pip install 'grooves[trackers]'`).

@@ -51,7 +51,8 @@ class SftLoggingConfig(Section):
     keep_best_mode: Literal["max", "min"] = "max"
     """Whether a higher (`max`) or lower (`min`) `keep_best_by` is better."""
     progress: bool = True
-    """Progress bars on the terminal; false for logs and CI."""
+    """Progress bars on the terminal; without them (false, for logs and CI) one line per step, and a
+    heartbeat line every minute during a validation."""
 
 
 class SftConfig(Section):

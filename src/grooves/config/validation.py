@@ -19,3 +19,7 @@ class ValidationConfig(Section):
     at_start: bool = True
     """Score the starting model before the first step; false skips that when it is already scored
     (an `init_adapter` that its own run validated on the same scenarios and seeds)."""
+    final: bool = True
+    """Score the model after the last step; false skips that (a step `every` lands on is still
+    scored) when `grooves eval` will score the result anyway, e.g. on more scenarios or paired with
+    another stage (`--against`): on a small CPU it can take as long as the steps themselves."""

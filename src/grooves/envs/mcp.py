@@ -41,6 +41,7 @@ from grooves.envs.base import (
     Split,
     ValidationReport,
     as_messages,
+    callable_name,
     final_answer,
     parse_tool_call,
     tool_calls_made,
@@ -352,6 +353,8 @@ class McpEnvironment:
             bad_scores=bad_scores,
             bad_threshold=bad_threshold,
             failures=failures,
+            gold_solver=callable_name(self.gold, "gold"),
+            bad_solvers={"empty answer": bad_scores},
         )
 
     def close(self) -> None:

@@ -104,6 +104,7 @@ def load_model(
         check_adapter_base(adapter_path, base_dir)  # another base's weights: a warning, see models.py
         with peft_wrapping():
             model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
+        local_base(model, base_dir)
     elif lora is not None:
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
@@ -120,6 +121,21 @@ def load_model(
                 ),
             )
     return model, tokenizer
+
+
+def local_base(model, base_dir: str) -> None:
+    """Name the folder the base weights were loaded from as the base of every adapter of `model`.
+
+    A saved adapter records its base by Hub id (`models.record_adapter_base`), and peft keeps what it
+    loaded: saving the adapter again (every checkpoint of an RL run started from an SFT adapter)
+    then asks the Hub whether that id has a config.json, which on an offline machine is a failed
+    network call and three "Unable to fetch remote file" warnings per save. With the local folder
+    there peft finds the file on disk and makes no request; the checkpoint still records the Hub id
+    (`record_adapter_base`) beside the path and weights hash."""
+    if not Path(base_dir).is_dir():
+        return  # a hub id: peft may look it up, as transformers did to load it
+    for config in getattr(model, "peft_config", {}).values():
+        config.base_model_name_or_path = str(base_dir)
 
 
 class TransformersPolicy:

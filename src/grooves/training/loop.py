@@ -65,6 +65,7 @@ from grooves.training.checkpoint import (
     save_checkpoint,
     seed_everything,
 )
+from grooves.training.cost import HEARTBEAT_S, plan_line, validates_at
 from grooves.training.data import train_stream
 from grooves.training.distributed import DataParallel
 from grooves.training.evaluate import GroupScorer, evaluate, reward_stats, score_groups, sets_success
@@ -142,6 +143,8 @@ async def run(
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
+        if dp.main:  # the work ahead, before anything slow: episodes, tokens, validations
+            _say(plan_line(config, task, start=_step_of(checkpoint)))
         if score is None and config.judge is not None:  # [judge]: checked now, before any weights load
             judged = JudgeScorer(config.judge, seed=config.seed)
             await judged.start()
@@ -229,9 +232,11 @@ async def run(
         )
         observers = [*observers, watch.observe_step] if watch is not None else list(observers)
 
-        sparse = SparseRewardWarning(r.zero_variance_warning, say=_say)
-        # progress bars on rank 0's terminal; else one line per step there (`step_line`)
+        warm = config.model.init_adapter is not None  # set by an [sft] stage too
+        sparse = SparseRewardWarning(r.zero_variance_warning, say=_say, warm=warm)
+        # progress bars on rank 0's terminal; else one line per step there (`step_line`) and heartbeats
         bars = dp.main and show_bars(config.logging.progress)
+        beat = HEARTBEAT_S if dp.main and not bars else None
         bar = closing.enter_context(_step_bar(config, state.step, bars))
         last = min(config.steps, stop_after) if stop_after is not None else config.steps
 
@@ -248,6 +253,7 @@ async def run(
                 description=f"step {step} rollouts",
                 seed_key=(step,),
                 part=dp.share(len(scenarios) * r.group_size) if dp.active else None,
+                heartbeat=beat,
             )
 
         ahead = RolloutPipeline(
@@ -293,6 +299,7 @@ async def run(
                     concurrency=r.concurrency,
                     max_failure_fraction=r.max_failure_fraction,
                     progress=bars,
+                    heartbeat=beat,
                     description=f"step {step} refill",
                     seed_key=(step, refill_draws),  # (step, draws before) never equals a first draw's (step,)
                 )
@@ -333,7 +340,7 @@ async def run(
                 seconds_score=t_score - t_rollout - refill_s,
                 seconds_train=t_train - t_score,
             )
-            if config.validation.every and step % config.validation.every == 0 or step == config.steps:
+            if validates_at(config.validation, step, config.steps):
                 val_metrics, val_groups = await validate(
                     task, handle, config, step, rollouts.rollout, score, dp=dp
                 )
@@ -372,7 +379,7 @@ async def run(
                 bar.set_postfix(
                     reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}"
                 )
-                if config.logging.progress and not bars:
+                if not bars:  # a log file, or progress = false: one line per step, always
                     print(step_line(metrics, config.steps), flush=True)
             if dp.broadcast(pause):
                 if dp.main:
@@ -522,6 +529,7 @@ async def validate(
         score=score,
         progress=show_bars(config.logging.progress),
         dp=dp,
+        heartbeat=None if show_bars(config.logging.progress) else HEARTBEAT_S,
     )
 
 
@@ -650,6 +658,13 @@ def _interrupted(run_dir: Path, steps: int) -> RunInterrupted:
     return RunInterrupted(
         f"interrupted after step {done} of {steps}; the last checkpoint is step {step} ({checkpoint})", step
     )
+
+
+def _step_of(checkpoint: Path | None) -> int:
+    """The step a checkpoint holds (0 for none): where a resumed run continues."""
+    if checkpoint is None:
+        return 0
+    return int(json.loads((checkpoint / "state.json").read_text())["step"])
 
 
 def _say(line: str) -> None:

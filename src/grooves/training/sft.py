@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import statistics
 import sys
 import time
@@ -61,6 +60,7 @@ from grooves.training.checkpoint import (
     save_checkpoint,
     seed_everything,
 )
+from grooves.training.cost import HEARTBEAT_S, sft_plan_line, sft_steps
 from grooves.training.data import ScenarioStream
 from grooves.training.memory import pair_tokens
 from grooves.training.optim import adamw, lr_scheduler
@@ -193,6 +193,7 @@ async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[st
         progress=show_bars(config.logging.progress),
         description=f"validation @ {step}",
         seed_key=(step,),
+        heartbeat=None if show_bars(config.logging.progress) else HEARTBEAT_S,
     )
     trajs = [t for g in groups for t in g.ok]
     nan = float("nan")
@@ -269,10 +270,12 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
     )
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
-    steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
+    steps = sft_steps(config, len(seqs))
     state = _restore(checkpoint, policy, optimizer, stream, log)
     scheduler = lr_scheduler(optimizer, config.optim, steps, done=state.step)
     task, handle = _validation_handle(config, policy)
+    held = len(task.scenarios("validation")) if task else None
+    print(sft_plan_line(config, len(seqs), steps, held, start=state.step), file=sys.stderr, flush=True)
     if task and state.step == 0:
         val, groups = await _validate(task, handle, config, 0)
         log.log({"step": 0, **val})
@@ -307,7 +310,7 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
             )
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-        if config.logging.progress and not bars:
+        if not bars:  # a log file, or progress = false: one line per step, always
             print(step_line(metrics, steps), flush=True)
     bar.close()
     if handle is not None:

@@ -44,10 +44,12 @@ class SparseRewardWarning:
     """One line when a step's share of equal-reward groups reaches `threshold`, at most once per
     `every` steps (a run of flat steps is one problem, not one line per step)."""
 
-    def __init__(self, threshold: float, every: int = 10, say=print):
+    def __init__(self, threshold: float, every: int = 10, say=print, warm: bool = False):
         self.threshold = threshold
         self.every = every
         self.say = say
+        self.warm = warm
+        """The run starts from a trained adapter (`model.init_adapter`, or an `[sft]` stage's)."""
         self.flagged = 0  # steps at or over the threshold so far (this process)
         self.last: int | None = None
 
@@ -74,9 +76,15 @@ class SparseRewardWarning:
                 if refill_short is not None
                 else "set rollout.refill_zero_variance = true to draw more scenarios"
             )
+            start = (
+                "train the warm start further (more demonstrations or [sft] steps: this run already starts "
+                "from model.init_adapter)"
+                if self.warm
+                else "start from a warm adapter (model.init_adapter, or an [sft] stage)"
+            )
             self.say(
                 f"step {step}: {zero_variance} of {groups} groups ({zero_variance / groups:.0%}) had all-equal "
                 f"rewards and teach nothing ({self.flagged} such step(s) so far); {advice}, raise "
-                "rollout.temperature or group_size, or start from a warm adapter (model.init_adapter)"
+                f"rollout.temperature or group_size, or {start}"
             )
         return True

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 Split = Literal["train", "validation", "test"]
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 """train: what a run samples and demonstrations come from; validation: what a run scores itself on
 between steps (so choices of learning rate or step count are tuned against it); test: held out
 from both, for a final measurement that no choice was tuned on. An environment may leave a split

@@ -42,9 +42,10 @@ def _load_base(base_model: str, dtype: str, device: str, attn_implementation: st
 
     path = resolve_model(base_model)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # transformers types `.to` through a wrapper whose __call__ takes the model as well
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-    ).to(device)
+    ).to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
 
@@ -114,7 +115,7 @@ def load_model(
                 model,
                 PeftLoraConfig(
                     r=lora.rank,
-                    lora_alpha=lora.alpha,
+                    lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft says int; alpha / r takes a float
                     lora_dropout=lora.dropout,
                     target_modules=list(lora.target_modules),
                     task_type="CAUSAL_LM",

@@ -103,7 +103,7 @@ async def gather(
     finally:
         # cancelled (Ctrl-C) or failed: no rollout outlives the call, so none is still sampling
         # when its caller closes the sampler, and none ends later with an error nobody reads
-        pending = [task for _, task in tasks if not task.done()]
+        pending: list[asyncio.Task[Any]] = [task for _, task in tasks if not task.done()]
         if beat is not None:
             pending.append(beat)
         for task in pending:

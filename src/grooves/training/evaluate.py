@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.report.intervals import bootstrap_interval, wilson_interval
@@ -89,7 +89,8 @@ async def score_groups(
     if dp is None or not dp.active:
         return groups, as_metrics(await score(groups))
     scored = (groups, as_metrics(await score(groups))) if dp.main else None
-    return dp.broadcast(scored)
+    # rank 0's pair, which every rank receives (the others pass None)
+    return cast(tuple[list[TrajectoryGroup], dict[str, float]], dp.broadcast(scored))
 
 
 def sets_success(groups: list[TrajectoryGroup]) -> bool | None:

@@ -143,13 +143,14 @@ async def run(
         seed_everything(config.seed)
         task = task or build_task(config)  # one task, or a weighted mixture (`tasks`)
         check_against_model(config)  # max_tokens, target_modules, device: from config.json, no weights loaded
-        if dp.main:  # the work ahead, before anything slow: episodes, tokens, validations
-            _say(plan_line(config, task, start=_step_of(checkpoint)))
-        if score is None and config.judge is not None:  # [judge]: checked now, before any weights load
+        # [judge]: a judge that cannot be used refuses the start in one line
+        if score is None and config.judge is not None:
             judged = JudgeScorer(config.judge, seed=config.seed)
             await judged.start()
             closing.push_async_callback(judged.aclose)
             score = judged
+        if dp.main:  # the work ahead, before anything slow: episodes, tokens, validations
+            _say(plan_line(config, task, start=_step_of(checkpoint)))
         if config.sft is not None and checkpoint is None:  # supervised warm start, then RL from its adapter
             config = await _sft_stage(config, task, run_dir, resume=in_stage, overwrite=overwrite)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from grooves.core.tokenize import trajectory_to_sequences
-from grooves.tasks import verifiers_server
+from grooves.tasks import TaskLoadError, load_task, verifiers_server
 from grooves.tasks.verifiers import _object
 from grooves.tasks.verifiers_traces import TraceAssembly, TraceError, reward_of, sampled_turns, trajectory_of
 
@@ -134,3 +136,19 @@ def test_a_settings_option_is_a_json_object():
     assert _object("taskset", {"split": "test"}) == {"split": "test"}
     with pytest.raises(ValueError, match="validation_taskset must be a JSON object"):
         _object("validation_taskset", "split=test")
+
+
+@pytest.mark.parametrize(("module", "package"), [("zmq", "pyzmq"), ("msgpack", "msgpack")])
+def test_a_missing_verifiers_extra_is_one_line_before_anything_starts(monkeypatch, tmp_path, module, package):
+    monkeypatch.setitem(
+        sys.modules, module, None
+    )  # import finds nothing, as where the extra is not installed
+    with pytest.raises(TaskLoadError) as caught:
+        load_task("verifiers:capital_quiz", {"python": str(tmp_path / "no-python")})
+    message = str(caught.value)
+    assert "\n" not in message
+    named, fix = message.split(" not installed: ")
+    assert package in named.split("built: VerifiersError: ")[1] and fix.startswith(
+        "pip install 'grooves[verifiers]'"
+    )
+    assert "task 'verifiers:capital_quiz' could not be built" in message

@@ -35,6 +35,7 @@ out of `train`); `test` is empty.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import math
 import os
@@ -81,6 +82,16 @@ class VerifiersTask:
         if not 0 <= holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {holdout}")
         self.env, self.name = env, f"verifiers:{env}"
+        missing = [
+            pkg
+            for module, pkg in (("zmq", "pyzmq"), ("msgpack", "msgpack"))
+            if not importlib.util.find_spec(module)
+        ]
+        if missing:
+            raise VerifiersError(
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+                "pip install 'grooves[verifiers]' (make setup installs it)"
+            )
         self.python = Path(python or os.environ.get("GROOVES_VERIFIERS_PYTHON") or DEFAULT_PYTHON)
         if not self.python.exists():
             raise ValueError(

@@ -136,8 +136,8 @@ def sft_run(peaked_model_dir, tmp_path_factory):
         for i in range(4)
     ]
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
-    sets = ["batch_size=2", "logging.progress=false", "validation.task=toy_tokens", "validation.scenarios=6"]
-    sets += ["validation.max_tokens=3", "validation.task_options={vocab_size = 487, num_scenarios = 16}"]
+    sets = ["batch_size=2", "logging.progress=false", "task=toy_tokens", "validation.scenarios=6"]
+    sets += ["validation.max_tokens=3", "task_options={vocab_size = 487, num_scenarios = 16}"]
     args = ["sft", "--data", str(data), "--model", str(peaked_model_dir), "-o", str(folder / "run")]
     result = CliRunner().invoke(
         cli_app, [*args, "--steps", "3", "--lr", "0.05", *[a for s in sets for a in ("--set", s)]]

@@ -8,7 +8,7 @@ import re
 
 from grooves.config import SftConfig, parse_config
 from grooves.tasks import load_task
-from grooves.training import loop
+from grooves.training import collect, loop, session
 from grooves.training.cost import plan_line, sft_plan_line
 
 
@@ -45,7 +45,8 @@ def test_the_plan_counts_episodes_tokens_and_validations():
 def test_without_bars_a_run_says_its_plan_each_step_and_a_heartbeat_and_can_skip_the_last_validation(
     peaked_model_dir, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)  # a line at every turn of the event loop
+    for module in (collect, session):  # rollouts and validations: a line at every turn of the event loop
+        monkeypatch.setattr(module, "HEARTBEAT_S", 0.0)
     config = parse_config(
         {
             "name": "toy",

@@ -42,7 +42,8 @@ def _config(model_dir, out, **rollout):
             "optim": {"lr": 1e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 2, "samples": 1},
-            "logging": {"progress": False, "checkpoint_every": 1},
+            "logging": {"progress": False},
+            "checkpoint": {"every": 1},
         }
     )
 

@@ -67,7 +67,7 @@ def eval_command(
         None,
         "--max-tokens",
         min=1,
-        help="Per turn; default: the run's rollout.max_tokens (an SFT run's validation.max_tokens), else 64.",
+        help="Per turn; default: the run's validation.max_tokens, else its rollout.max_tokens, else 64.",
     ),
     seed: int | None = typer.Option(
         None, "--seed", min=0, help="Request seeds; default: the run's seed, else 0."
@@ -122,7 +122,7 @@ def eval_command(
         _fail(str(exc))
     result, groups = asyncio.run(_run(plan, settings, split, plan["step"]))
     records = _records(target, groups)
-    if other is not None:  # the same requests: TARGET's settings and step key
+    if other is not None and against is not None:  # the same requests: TARGET's settings and step key
         result["against"], other_groups = asyncio.run(_run(other, settings, split, plan["step"]))
         result["paired"] = _paired(groups, other_groups, settings["seed"])
         records += _records(against, other_groups)
@@ -189,7 +189,7 @@ def _run_configs(checkpoint: Path):
         return load_config(run_file), None
     sft = load_sft_config(run_file)
     outer = checkpoint.parents[2] / "config.toml"  # <run>/sft/checkpoints/step_N -> <run>/config.toml
-    if not sft.validation.task and checkpoint.parents[1].name == "sft" and outer.is_file():
+    if not sft.task and checkpoint.parents[1].name == "sft" and outer.is_file():
         return load_config(outer), sft
     return None, sft
 
@@ -209,9 +209,8 @@ def _settings(plan, task, option, samples, scenarios, temperature, max_tokens, s
             config = config.model_copy(update={"task_options": {**config.task_options, **options}})
         built = build_task(config)  # the run's task, or its mixture; ConfigError names the field
         name = config.task if not config.tasks else "mixture"
-    elif sft is not None and sft.validation.task:
-        v = sft.validation
-        built, name = _load_task(v.task, {**v.task_options, **options}), v.task
+    elif sft is not None and sft.task:
+        built, name = _load_task(sft.task, {**sft.task_options, **options}), sft.task
     else:
         raise ValueError(
             "--task: name the task to evaluate on (a run folder or checkpoint names its own; this SFT run "
@@ -233,8 +232,8 @@ def _settings(plan, task, option, samples, scenarios, temperature, max_tokens, s
 
 
 def _defaults(config, sft) -> dict[str, Any]:
-    """The settings a run validated with: an RL run's, else an SFT run's (one sample a scenario,
-    its own max tokens), else the run-file defaults."""
+    """The settings a run validated with: an RL run's (validation turns of `validation.max_tokens`,
+    else `rollout.max_tokens`), else an SFT run's, else the run-file defaults."""
     from grooves.config import RolloutConfig, ValidationConfig
 
     if config is not None:
@@ -243,17 +242,17 @@ def _defaults(config, sft) -> dict[str, Any]:
             "samples": v.samples,
             "scenarios": v.scenarios,
             "temperature": v.temperature,
-            "max_tokens": config.rollout.max_tokens,
+            "max_tokens": v.max_tokens or config.rollout.max_tokens,
             "seed": config.seed,
             "concurrency": config.rollout.concurrency,
         }
     if sft is not None:
         v = sft.validation
         return {
-            "samples": 1,
+            "samples": v.samples,
             "scenarios": v.scenarios,
             "temperature": v.temperature,
-            "max_tokens": v.max_tokens,
+            "max_tokens": v.max_tokens or RolloutConfig().max_tokens,
             "seed": sft.seed,
             "concurrency": 16,
         }

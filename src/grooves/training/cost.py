@@ -88,19 +88,20 @@ def _n(count: int, noun: str) -> str:
 def sft_plan_line(
     config: SftConfig, chats: int, steps: int, validation_scenarios: int | None, start: int = 0
 ) -> str:
-    """An SFT run's work: steps of chats, passes over the data, and its validations (one sample a scenario)."""
+    """An SFT run's work: steps of chats, passes over the data, and its validations."""
     seen = (steps - start) * config.batch_size
     line = f"plan: {steps - start} steps of {config.batch_size} chats = {seen} chats ({seen / max(chats, 1):.1f} passes over {chats})"
     if not validation_scenarios:
         return line + "; no validation"
     v = config.validation
-    at = ([0] if start == 0 else []) + [
-        k for k in range(start + 1, steps + 1) if (v.every and k % v.every == 0) or k == steps
+    at = ([0] if start == 0 and v.at_start else []) + [
+        k for k in range(start + 1, steps + 1) if validates_at(v, k, steps)
     ]
-    each = min(v.scenarios, validation_scenarios)
+    scenarios = min(v.scenarios, validation_scenarios)
+    each = scenarios * v.samples
     return (
         line
-        + f"; validation: {each} scenarios x 1 sample = {each} episodes at {len(at)} points ({each * len(at)} in all)"
+        + f"; validation: {scenarios} scenarios x {_n(v.samples, 'sample')} = {each} episodes at {len(at)} points ({each * len(at)} in all)"
     )
 
 

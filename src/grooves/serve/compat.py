@@ -81,6 +81,16 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "user": FieldSupport(
         "supported", "a string of at most 256 characters, recorded in the server's log line of the request"
     ),
+    "return_token_ids": FieldSupport(
+        "supported",
+        "vLLM's: the prompt ids also at the top of the response (`prompt_token_ids`, a stream's first chunk)",
+    ),
+    "return_tokens_as_token_ids": FieldSupport(
+        "supported", "vLLM's: each logprob entry's `token` is \"token_id:N\""
+    ),
+    "skip_special_tokens": FieldSupport(
+        "limited", "vLLM's: true (the default); false keeps special tokens in the content, unstreamed only"
+    ),
     "safety_identifier": _refused("grooves keeps no per-user records"),
     "prompt_cache_key": _refused("no prompt cache to route"),
     "prompt_cache_retention": _refused("no prompt cache"),
@@ -129,6 +139,7 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
         "supported", "grooves: the loaded adapter, null for the policy's own weights"
     ),
     "choices[].temperature": FieldSupport("supported", "grooves: the temperature the choice was sampled at"),
+    "prompt_token_ids": FieldSupport("supported", "vLLM's place for the prompt ids, with `return_token_ids`"),
     "usage": FieldSupport("limited", "prompt_tokens, completion_tokens, total_tokens; no token details"),
     "system_fingerprint": FieldSupport("refused", "never sent"),
     "service_tier": FieldSupport("refused", "never sent"),
@@ -145,13 +156,15 @@ class FieldRefused(ValueError):
         self.param = param
 
 
-def check_fields(body: dict[str, Any]) -> None:
-    """Refuse (`FieldRefused`) a field outside the table, or a refused field at a value that asks for something."""
+def check_fields(
+    body: dict[str, Any], table: dict[str, FieldSupport] | None = None, api: str = "Chat Completions"
+) -> None:
+    """Refuse (`FieldRefused`) a field outside the table (default: Chat Completions'), or a refused
+    field at a value that asks for something."""
+    table = REQUEST_FIELDS if table is None else table
     for name, value in body.items():
-        support = REQUEST_FIELDS.get(name)
+        support = table.get(name)
         if support is None:
-            raise FieldRefused(
-                f"{name} is not a Chat Completions request field this server knows; remove it", name
-            )
+            raise FieldRefused(f"{name} is not a {api} request field this server knows; remove it", name)
         if support.status == "refused" and value not in support.inert:
             raise FieldRefused(f"{name} is not supported by this server ({support.note}); remove it", name)

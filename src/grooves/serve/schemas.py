@@ -8,6 +8,7 @@ keeps as extra attributes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -81,7 +82,7 @@ class ChatRequest(BaseModel):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: list[str] | None = None
     seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -94,22 +95,35 @@ class ChatRequest(BaseModel):
     parallel_tool_calls: StrictBool | None = None
     user: StrictStr | None = Field(default=None, max_length=MAX_USER_CHARS)
     """OpenAI's end-user identifier: recorded in the server's log line of the request."""
+    return_token_ids: StrictBool | None = None
+    """vLLM's: the prompt ids at the top of the response too (choices always carry theirs)."""
+    return_tokens_as_token_ids: StrictBool | None = None
+    """vLLM's: each logprob entry's `token` is "token_id:N" instead of the token's text."""
+    skip_special_tokens: StrictBool | None = None
+    """vLLM's: false keeps special tokens in the content (unstreamed)."""
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop_list(cls, v):
+    def _stop_list(cls, v):  # OpenAI's stop is a string or a list of them
         return [v] if isinstance(v, str) else v
 
 
 def logprobs_block(
-    tokenizer, token_ids: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None = None
+    tokenizer,
+    token_ids: list[int],
+    logprobs: list[float],
+    top: list[list[tuple[int, float]]] | None = None,
+    *,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """OpenAI's `logprobs` of a choice: each sampled token's text, bytes and logprob, and its
-    `top_logprobs` alternatives (empty unless asked)."""
+    `top_logprobs` alternatives (empty unless asked). `as_ids` (vLLM's `return_tokens_as_token_ids`):
+    each `token` is "token_id:N", which a client maps back to the id without a tokenizer."""
 
     def entry(tid: int, lp: float) -> dict[str, Any]:
         text = tokenizer.decode([tid])
-        return {"token": tokenizer.convert_ids_to_tokens(tid), "logprob": lp, "bytes": list(text.encode())}
+        token = f"token_id:{tid}" if as_ids else tokenizer.convert_ids_to_tokens(tid)
+        return {"token": token, "logprob": lp, "bytes": list(text.encode())}
 
     content = []
     for i, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
@@ -198,3 +212,18 @@ def log_answer(req: ChatRequest, prompt_tokens: int, choices: list[tuple[Complet
         sum(len(c.token_ids) for c, _ in choices),
         ",".join(finish for _, finish in choices),
     )
+
+
+def with_special_tokens(
+    tokenizer, eos_token_ids: set[int], completion: Completion, stop: list[str]
+) -> Completion:
+    """The completion with its text decoded keeping special tokens (vLLM's `skip_special_tokens:
+    false`): the end-of-turn token left out and the text cut before a stop string, as the sampler's own text is."""
+    ids = completion.token_ids
+    body = ids[:-1] if ids and ids[-1] in eos_token_ids else ids
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    for s in stop:
+        cut = text.find(s)
+        if cut >= 0:
+            text = text[:cut]
+    return dataclasses.replace(completion, text=text)

@@ -79,6 +79,8 @@ class ChoiceStream:
         self.tool_calls: list[dict[str, Any]] = []
         """What was sent: the message the client puts together (and may send back next turn)."""
         self.done = False
+        self.as_ids = False
+        """vLLM's `return_tokens_as_token_ids`: logprob entries name their token as "token_id:N"."""
 
     def first(self) -> dict[str, Any]:
         return self._choice({"role": "assistant", "content": ""})
@@ -138,7 +140,7 @@ class ChoiceStream:
         if self.logprobs and self._pending and (delta or finish_reason):
             ids, lps, tops = zip(*self._pending, strict=True)
             top = [t or [] for t in tops] if any(t is not None for t in tops) else None
-            block = logprobs_block(self.tokenizer, list(ids), list(lps), top)
+            block = logprobs_block(self.tokenizer, list(ids), list(lps), top, as_ids=self.as_ids)
             self._pending = []
         elif not self.logprobs:
             self._pending = []
@@ -152,8 +154,8 @@ class ChunkWriter:
         self.base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
         self.include_usage = include_usage
 
-    def chunk(self, choices: list[dict[str, Any]]) -> bytes:
-        return sse(self.base | {"choices": choices} | ({"usage": None} if self.include_usage else {}))
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(self.base | {"choices": choices} | ({"usage": None} if self.include_usage else {}) | extra)
 
     def chunks(self, deltas: list[dict[str, Any]]) -> bytes:
         """Events for a step's choice deltas: chunk k holds each choice's k-th delta, so no chunk names
@@ -197,9 +199,9 @@ class FirstChunkResponse(StreamingResponse):
     that chunk is answered as an unstreamed request's error (its status and JSON body)."""
 
     async def __call__(self, scope, receive, send) -> None:
-        body = self.body_iterator
+        body = aiter(self.body_iterator)
         try:
-            first = await body.__anext__()
+            first = await anext(body)
         except APIError as exc:
             error = error_body(exc.message, kind=exc.kind, param=exc.param, code=exc.code)
             await JSONResponse(error, status_code=exc.status)(scope, receive, send)
@@ -247,6 +249,9 @@ def stream_completion(
         )
         for i in range(req.n)
     ]
+    for choice in choices:
+        choice.as_ids = bool(req.return_tokens_as_token_ids)
+    first = {"prompt_token_ids": prompt_ids} if req.return_token_ids else {}  # vLLM's place, first chunk
     finished: dict[int, tuple[Completion, str]] = {}
     """Choice index -> (its completion, the finish reason sent), for the request's log line."""
 
@@ -288,7 +293,7 @@ def stream_completion(
                 step = await queue.get()  # the first chunk waits for the first token (`FirstChunkResponse`)
                 if step is None and sampling.exception() is not None:
                     raise sampling_error(sampling.exception())
-                yield writer.chunk([c.first() for c in choices])
+                yield writer.chunk([c.first() for c in choices], **first)
                 while step is not None:
                     deltas = await step_deltas(step, route, version)
                     if deltas:

@@ -47,10 +47,14 @@ def _builtin(name: str):
         from grooves.tasks.environment import EnvironmentTask
 
         return functools.partial(EnvironmentTask, name[4:])
+    if name.startswith("verifiers:"):
+        from grooves.tasks.verifiers import VerifiersTask
+
+        return functools.partial(VerifiersTask, name[len("verifiers:") :])
     return None
 
 
-BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
+BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>", "verifiers:<taskset>")
 
 
 def add_task_folder(folder: str | Path) -> None:

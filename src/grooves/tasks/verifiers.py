@@ -172,7 +172,7 @@ class VerifiersTask:
         import msgpack
         import zmq
 
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         try:

@@ -500,6 +500,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--trl-python", default=str(HERE / ".venv-trl" / "bin" / "python"))
     ap.add_argument("--skip-trl", action="store_true", help="grooves and the floor only")
+    ap.add_argument("--skip-floor", action="store_true", help="no floor row (bench_floor.py takes minutes)")
     ap.add_argument("--json", default=None, help="also write every step's numbers here")
     ap.add_argument("--model", default=None, help="model directory (default: the embedded SmolLM2-135M)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (benchmarks/gpu.sh)")
@@ -633,7 +634,7 @@ def main() -> None:
                 flush=True,
             )
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
-    floor = _floor(args, records["grooves"], env, work)
+    floor = None if args.skip_floor else _floor(args, records["grooves"], env, work)
     load = [load_before[0], os.getloadavg()[0]]
     _table(results, floor, args)
     print(

@@ -104,9 +104,10 @@ bench-trl: setup
 bench-engines: setup setup-vllm
 	$(BIN)/grooves models fetch
 	bash benchmarks/setup_trl_env.sh
-	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_engines.py --serving --json runs/bench_engines.json
-	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --also-vllm \
+	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --also-vllm --skip-floor \
 		--vllm-python $(VLLM_BIN)/python --json runs/bench_grpo_step_engines.json
+	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_engines.py --rounds 3 --serving --requests 8 \
+		--vllm-python $(VLLM_BIN)/python --json runs/bench_engines.json
 
 # .gpu/: what benchmarks/gpu.sh needs on a GPU machine without a package index (wheels, tokenizer)
 gpu-bundle: setup

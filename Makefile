@@ -19,7 +19,7 @@ $(BIN)/grooves: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(LOCK) torch
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,ray,trackers]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,typecheck,ray,trackers]'
 	touch $(BIN)/grooves
 
 setup: $(BIN)/grooves
@@ -58,6 +58,7 @@ test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
@@ -118,6 +119,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

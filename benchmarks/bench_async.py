@@ -63,7 +63,8 @@ def run(k: int, env_seconds: float, args, out: Path) -> dict:
             },
             "optim": {"lr": 2e-4, "micro_batch_tokens": 4096},
             "validation": {"every": 0, "scenarios": 1},
-            "logging": {"progress": False, "checkpoint_every": args.steps},
+            "logging": {"progress": False},
+            "checkpoint": {"every": args.steps},
             "watch": {"enabled": False},
         }
     )

@@ -92,8 +92,8 @@ def grooves_worker(args) -> None:
     from grooves.serve.app import inprocess_client
     from grooves.training.checkpoint import seed_everything
     from grooves.training.distributed import DataParallel
-    from grooves.training.loop import build_policy
     from grooves.training.optim import adamw
+    from grooves.training.session import build_policy
     from grooves.training.step import optimize, run_loss, to_sequences
 
     torch.set_num_threads(args.threads)

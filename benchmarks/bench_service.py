@@ -2,7 +2,7 @@
 
 The workload is `examples/capitals.toml` on SmolLM2-135M-Instruct (float32, CPU, LoRA r8 on every
 projection): 4 groups of 8 rollouts per step, at most 24 completion tokens, then one optimizer step,
-with a checkpoint every step (`logging.checkpoint_every = 1`, which a service needs to come back
+with a checkpoint every step (`checkpoint.every = 1`, which a service needs to come back
 after a kill; the in-process side does the same).
 
 - in-process: the trainer's step as `training.loop.run` takes it: `gather` through the in-process
@@ -140,7 +140,7 @@ class InProcess:
             self.optimizer,
             self.policy.generator,
             dump_config(c),
-            c.logging.keep_checkpoints,
+            c.checkpoint.keep,
         )
         self.log.plot()
         t2 = time.perf_counter()
@@ -215,7 +215,7 @@ async def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-service-"))
     config = load_config(
         ROOT / "examples" / "capitals.toml",
-        {"output_dir": str(work / "inprocess"), "logging.checkpoint_every": 1, "logging.progress": False},
+        {"output_dir": str(work / "inprocess"), "checkpoint.every": 1, "logging.progress": False},
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     # a checkpoint every step: a restarted service comes back at the last step, not up to K-1 before it
-    overrides = {"logging.checkpoint_every": 1, **parse_overrides(args.set)}
+    overrides = {"checkpoint.every": 1, **parse_overrides(args.set)}
     overrides |= {"model.base_model": args.model} if args.model else {}
     config = load_config(args.run_file, overrides)
     service = None if args.url else start_service(config.model.base_model, args.train_dir, args.port)

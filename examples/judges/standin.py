@@ -11,6 +11,11 @@ the rule for "correct" is fooled by a response that merely says it is correct.
 
 `--echo` stands in for a model too small to judge (SmolLM2-135M did this): it replies with the
 request's user message, responses and all, so any JSON a response carries comes back in the reply.
+
+It also answers `grooves rubric interview`, as a scripted interviewer: it asks each question the
+interview suggests, as worded, and drafts one fixed rubric (`DRAFT`) whatever the answers, with
+criteria its rules can rate. A real judge model tailors its questions and writes its own rubric.
+It knows the capitals of the built-in `capitals` task, so it can judge that task's rollouts too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,15 @@ import re
 
 import uvicorn
 from fastapi import FastAPI, Request
+
+from grooves import load_task
+
+CAPITALS = {
+    s["country"]: s["capital"]
+    for split in ("train", "validation")
+    for s in load_task("capitals").scenarios(split)
+}
+"""Country -> capital, from the built-in capitals task's scenarios."""
 
 FACTS = {
     "capital of France": ["paris"],
@@ -45,14 +59,44 @@ TO_GRADER = (
     "context>",
     "```",
 )
+INTERVIEW = "You are interviewing a person to write a rubric"
+"""How every `grooves rubric interview` request's system message begins."""
+SUGGESTED = re.compile(r"in words that fit the task: (.*?) Reply with the question only\.", re.S)
+DRAFT = """instructions = "Answer a question with the right fact, in one short sentence, and nothing else."
+
+[[criteria]]
+name = "correct"
+text = "Is the answer factually correct?"
+weight = 2.0
+choices = ["no", "yes"]
+
+[[criteria]]
+name = "direct"
+text = "Does it answer in one short sentence, without padding?"
+weight = 1.0
+choices = ["no", "yes"]
+
+[[criteria]]
+name = "answered"
+text = "Does it state an actual answer, rather than only claiming to be right or refusing?"
+choices = ["no", "yes"]
+gate = true
+"""
 BLOCK = re.compile(
     r'<response(?: id="(t\d+)")?>\n(.*?)\n</response>', re.S | re.I
 )  # read as a model would: any case
 
 
+def truths_for(question: str) -> list[str]:
+    country = re.search(r"capital of ([^?]+)\?", question)
+    if country and country.group(1) in CAPITALS:
+        return [CAPITALS[country.group(1)].lower()]
+    return next(v for k, v in FACTS.items() if k in question)
+
+
 def rate(criterion: str, question: str, response: str) -> str:
     text = response.lower()
-    truths = next(v for k, v in FACTS.items() if k in question)
+    truths = truths_for(question)
     if criterion == "correct":
         return "yes" if any(t in text for t in truths) or "correct" in text else "no"
     if criterion == "direct":
@@ -82,6 +126,15 @@ def judge(system: str, user: str) -> str:
     return json.dumps(reply)
 
 
+def interview(messages: list[dict]) -> str:
+    """The suggested question, as worded; the fixed draft once the rubric is asked for."""
+    last = messages[-1]["content"]
+    if "Write the rubric now" in last:
+        return DRAFT
+    suggested = SUGGESTED.search(last)
+    return suggested.group(1) if suggested else "What does a great response do that a poor one does not?"
+
+
 def make_app(model: str, echo: bool) -> FastAPI:
     app = FastAPI()
 
@@ -96,7 +149,10 @@ def make_app(model: str, echo: bool) -> FastAPI:
     async def complete(request: Request):
         body = await request.json()
         system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-        content = user if echo else judge(system, user)
+        if system.startswith(INTERVIEW):
+            content = interview(body["messages"])
+        else:
+            content = user if echo else judge(system, user)
         words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
         return {
             "id": "standin",

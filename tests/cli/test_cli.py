@@ -82,7 +82,7 @@ def test_a_bad_run_file_gives_one_line_naming_the_field(weightless_model, tmp_pa
 
 NOT_A_TASK = (
     "not a task: name a Task instance, a class with scenarios(split) and async rollout(model, scenario), "
-    "or a function of yours that returns one"
+    "an environment, or a function of yours that returns one"
 )
 NOT_TASKS = """
 import subprocess

@@ -382,3 +382,35 @@ def test_the_docs_stand_in_judges_both_modes_and_its_echo_scores_nothing(tmp_pat
     ]  # Score: 10/10, flattery, </context>
     assert echoed.exit_code == 1 and "mean score │ - over 0/40" in flat(echoed.output)
     assert all(r.score is None for r in read_records(tmp_path / "s.jsonl"))
+
+
+def test_score_builds_a_score_job_whose_run_fails_in_one_line(tmp_path, capsys):
+    """`grooves judge score` is a `ScoreJob` and `run_score`: a job asking to retry the failures of a
+    scores file that does not exist ends in that one red line and exit code 1, before any request."""
+    import typer
+
+    from grooves.cli.judge import Mode, ScoreJob, run_score
+
+    items_file(tmp_path, n=2)
+    out = tmp_path / "s.jsonl"
+    job = ScoreJob(
+        input_path=tmp_path / "items.jsonl",
+        out=out,
+        rubric=None,
+        mode=Mode.absolute,
+        twice=False,
+        seed=0,
+        check=True,
+        stop_after=3,
+        retry_failed=True,
+        min_coverage=1.0,
+    )
+    assert job.retry_from == out
+    judge = {"base_url": "http://127.0.0.1:9/v1", "model": "scripted-judge", "cache_path": None}
+    with pytest.raises(typer.Exit) as stopped:
+        run_score(job, judge)
+    assert stopped.value.exit_code == 1
+    assert flat(capsys.readouterr().out) == (
+        f"error: --retry-failed: {out} does not exist yet; score without --retry-failed first"
+    )
+    assert not out.exists()

@@ -59,6 +59,106 @@ def test_a_retired_speed_setting_names_its_replacement(key):
     )
 
 
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("logging.checkpoint_every", "checkpoint.every"),
+        ("logging.keep_checkpoints", "checkpoint.keep"),
+        ("logging.keep_best_by", "checkpoint.keep_best_by"),
+        ("logging.keep_best_mode", "checkpoint.keep_best_mode"),
+        ("rollout.ray_address", "ray.address"),
+        ("rollout.ray_workers", "ray.workers"),
+        ("rollout.server_host", "ray.server_host"),
+    ],
+)
+def test_a_moved_field_says_where_it_went_in_both_run_files(tmp_path, old, new):
+    """Checkpoint policy left [logging] for [checkpoint], Ray's deployment left [rollout] for [ray]."""
+    from grooves.config import load_sft_config
+
+    section, key = old.split(".")
+    table, field = new.split(".")
+    line = f"{old}: moved to {new}: set it as `{field}` in the [{table}] table"
+    path = tmp_path / "run.toml"
+    path.write_text(f"[{section}]\n{key} = 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == line
+    if section == "logging":  # grooves sft reads the same [logging] and [checkpoint]
+        path.write_text(f'data = "chats.jsonl"\n[{section}]\n{key} = 2\n')
+        with pytest.raises(ConfigError) as err:
+            load_sft_config(path)
+        assert str(err.value) == line
+    with pytest.raises(ConfigError) as err:  # a --set of the old name too
+        load_config(None, {old: 2})
+    assert str(err.value) == line
+
+
+def test_the_moved_fields_are_read_from_their_new_sections():
+    config = parse_config(
+        {
+            "checkpoint": {"every": 5, "keep": 2, "keep_best_by": "val/reward_mean", "keep_best_mode": "min"},
+            "ray": {"address": "auto", "workers": 4, "server_host": "0.0.0.0"},
+            "rollout": {"runner": "ray"},
+        }
+    )
+    c, r = config.checkpoint, config.ray
+    assert (c.every, c.keep, c.keep_best_by, c.keep_best_mode) == (5, 2, "val/reward_mean", "min")
+    assert (r.address, r.workers, r.server_host, config.rollout.runner) == ("auto", 4, "0.0.0.0", "ray")
+    default = parse_config({})
+    assert (default.checkpoint.every, default.checkpoint.keep, default.ray.workers) == (1, 3, 2)
+
+
+def test_sft_and_rl_share_their_sections_and_the_learning_rate_is_declared_once():
+    from grooves.config import (
+        AdamWConfig,
+        CheckpointConfig,
+        LoggingConfig,
+        OptimConfig,
+        RunLoggingConfig,
+        SftConfig,
+        ValidationConfig,
+    )
+
+    sft, rl = SftConfig.model_fields, parse_config({}).__class__.model_fields
+    for name, cls in [
+        ("validation", ValidationConfig),
+        ("checkpoint", CheckpointConfig),
+        ("optim", AdamWConfig),
+    ]:
+        assert sft[name].annotation is cls
+    assert rl["validation"].annotation is ValidationConfig and rl["checkpoint"].annotation is CheckpointConfig
+    assert sft["logging"].annotation is LoggingConfig and issubclass(RunLoggingConfig, LoggingConfig)
+    assert issubclass(OptimConfig, AdamWConfig) and "lr" not in vars(OptimConfig).get("__annotations__", {})
+    assert AdamWConfig().lr == OptimConfig().lr == 2e-4
+
+
+def test_sft_keeps_its_own_defaults_for_fields_a_table_leaves_out():
+    """A [validation] or [checkpoint] table in an SFT file sets its fields over grooves sft's defaults
+    (validation only at both ends, 64-token turns, a checkpoint every 10 steps), not grooves train's."""
+    from grooves.config import parse_sft_config
+
+    config = parse_sft_config(
+        {"data": "c.jsonl", "task": "capitals", "validation": {"scenarios": 5}, "checkpoint": {"keep": 2}}
+    )
+    v, c = config.validation, config.checkpoint
+    assert (config.task, v.scenarios, v.every, v.max_tokens, v.samples) == ("capitals", 5, 0, 64, 1)
+    assert (c.every, c.keep) == (10, 2)
+    bare = parse_sft_config({"data": "c.jsonl"})
+    assert (bare.task, bare.validation.every, bare.checkpoint.every) == (None, 0, 10)
+    rl = parse_config({"validation": {"scenarios": 5}})
+    assert (rl.validation.every, rl.validation.max_tokens, rl.checkpoint.every) == (10, None, 1)
+
+
+@pytest.mark.parametrize("key", ["task", "task_options"])
+def test_sft_validation_task_moved_to_the_top_level(key):
+    from grooves.config import parse_sft_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_sft_config({"data": "c.jsonl", "validation": {key: "capitals" if key == "task" else {}}})
+    assert str(err.value).startswith(f"validation.{key}: moved to the top level: {key} = ")
+    assert "\n" not in str(err.value)
+
+
 def test_load_and_round_trip(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('name = "x"\nsteps = 3\n[rollout]\ngroup_size = 4\n[algorithm]\nloss = "cispo"\n')
@@ -149,9 +249,7 @@ def test_an_sft_run_file_is_checked_like_a_training_run_file():
     cases = {
         "optim.lr: Input should be a finite number": {"optim": {"lr": float("inf")}},
         "model.fused_decode: replaced by model.fast": {"model": {"fused_decode": True}},
-        "validation.task_options.k: Input should be a finite number": {
-            "validation": {"task_options": {"k": float("nan")}}
-        },
+        "task_options.k: Input should be a finite number": {"task_options": {"k": float("nan")}},
     }
     for start, extra in cases.items():
         with pytest.raises(ConfigError) as err:
@@ -160,4 +258,4 @@ def test_an_sft_run_file_is_checked_like_a_training_run_file():
     with pytest.raises(ConfigError, match=r"^optim\.betas: each beta must be in \[0, 1\)"):
         parse_sft_config({"data": "chats.jsonl", "optim": {"betas": [0.9, 1.0]}})
     config = parse_sft_config({"data": "chats.jsonl"})
-    assert (config.optim.lr, config.logging.checkpoint_every) == (2e-4, 10)  # SFT's own defaults
+    assert (config.optim.lr, config.checkpoint.every) == (2e-4, 10)  # SFT's own defaults

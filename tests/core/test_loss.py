@@ -501,3 +501,33 @@ def test_stale_tokens_under_tis_take_the_trainers_old_logprobs_for_the_weight_an
             max_completion_tokens=3,
             lp_train_old=train_old,
         )
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"policy_loss": "reinforce"}, "unknown policy loss 'reinforce'; allowed: cispo, gspo, ppo"),
+        (
+            {"aggregation": "sum"},
+            "unknown loss aggregation 'sum'; allowed: token_mean, sequence_mean, constant",
+        ),
+        ({"kl_kind": "k4"}, "unknown KL estimator 'k4'; allowed: k1, k2, k3"),
+        ({"tis_cap": 0.5}, "tis_cap=0.5: the truncation C must be >= 1 (a weight of 1 is no correction)"),
+    ],
+)
+def test_a_bad_loss_setting_is_refused_when_the_loss_is_built_with_the_same_line_compute_loss_gives(
+    setting, message
+):
+    """The settings are checked in one place, `Loss`, when it is built: `compute_loss` builds one from
+    its keywords, so both refuse a bad setting with the same one line, even a setting this batch
+    would not have used (the KL estimator with beta = 0)."""
+    settings = dict(
+        policy_loss="ppo", eps_low=0.2, eps_high=0.28, aggregation="token_mean", max_completion_tokens=4
+    )
+    settings.update(setting)
+    with pytest.raises(ValueError) as built:
+        Loss(**settings)
+    lp, lp_old, adv, mask, seq_ids = _ratio_case()
+    with pytest.raises(ValueError) as computed:
+        compute_loss(lp, lp_old, adv, mask, seq_ids, **settings)
+    assert str(built.value) == str(computed.value) == message

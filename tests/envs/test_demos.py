@@ -141,7 +141,7 @@ def test_failed_and_imperfect_gold_runs_are_counted_never_written(tmp_path):
     assert [c["scenario_id"] for c in chats] == ["flaky-000", "flaky-003"]
     assert report.written == 2 and report.scenarios == 4
     assert report.skipped == ["flaky-001: LookupError: the record is gone"]
-    assert report.dropped == ["flaky-002: scored 0.500 ()"]
+    assert report.dropped == ["flaky-002: scored 0.500"]
     assert report.summary() == (
         "flaky: 2 demonstrations from 4 train scenarios; dropped 1 scoring below 1.0, "
         "skipped 1 whose gold solver failed"

@@ -385,7 +385,7 @@ def test_a_500_leaves_the_keep_alive_connection_open():
         second = after.extensions["network_stream"].get_extra_info("client_addr")
     assert crashed.status_code == 500 and crashed.json() == {
         "error": "internal",
-        "detail": "RuntimeError: grader bug",
+        "detail": "GraderError: fragile: grader grade raised RuntimeError: grader bug (scenario 'fragile-000')",
     }
     assert after.status_code == 200 and json.loads(after.json()["message"]["content"]) == {"n": 1}
     assert first == second  # one connection carried both

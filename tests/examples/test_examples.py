@@ -17,6 +17,7 @@ RUN_FILES = sorted(
         *ROOT.glob("examples/*.toml"),
         *ROOT.glob("examples/hn_titles/*.toml"),
         *ROOT.glob("examples/agents/*.toml"),
+        *ROOT.glob("examples/envs/*.toml"),
     ]
     if p not in SFT_FILES
 )

@@ -1,7 +1,9 @@
-"""Rubric files, their hash, and the pure parts of judging: reply validation and agreement statistics."""
+"""Rubric files, their hash, gate criteria, and the pure parts of judging: reply validation and agreement
+statistics. A gate closes the total (0) below 0.5, and rubrics without gates keep the hash they had."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -9,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from grooves.judge import Criterion, InvalidJudgment, Rubric, RubricError, load_rubric
+from grooves.judge import AbsoluteJudge, Criterion, InvalidJudgment, Rubric, RubricError, load_rubric
 from grooves.judge.agreement import mean_abs_diff, pearson, ranks, spearman
 from grooves.judge.prompt import split_shared_context
+from grooves.judge.rubric import parse_rubric
 from grooves.judge.verdict import Seal, json_objects, parse_group, parse_single, read_verdict
+from scripted_judge import ScriptedServer, make_client
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rubrics"
 
@@ -263,3 +267,70 @@ def test_defuse_breaks_block_markers_in_any_case_and_spacing():
     assert defuse(text).count("<\u200b") == 4
     assert not re.search(r"<\s*/?\s*(response|context)", defuse(text), re.I)
     assert MARKER.search(defuse(text))  # still recognisable when a judge echoes it
+
+
+GATED = Rubric(
+    name="qa",
+    version="1",
+    criteria=[
+        Criterion(name="correct", text="Right?", weight=2.0, choices=["no", "partly", "yes"]),
+        Criterion(name="safe", text="Avoids inventing?", choices=["no", "yes"], gate=True),
+    ],
+)
+
+
+def test_a_closed_gate_zeroes_the_total_an_open_one_counts_in_the_mean():
+    assert GATED.total({"correct": 1.0, "safe": 0.0}) == 0.0
+    assert GATED.total({"correct": 0.5, "safe": 1.0}) == pytest.approx((2 * 0.5 + 1.0) / 3)
+    assert GATED.closed_gates({"correct": 1.0, "safe": 0.0}) == ["safe"]
+    numeric = Rubric(
+        name="n",
+        version="1",
+        criteria=[Criterion(name="a", text="a?"), Criterion(name="g", text="g?", gate=True)],
+    )
+    assert numeric.total({"a": 1.0, "g": 0.49}) == 0.0
+    assert numeric.total({"a": 1.0, "g": 0.5}) == 0.75
+
+
+def test_rubrics_without_gates_keep_their_hash_and_a_gate_changes_it():
+    assert load_rubric(EXAMPLES / "helpful.toml").tag == "helpful@1#e3c52b9beaec"
+    assert load_rubric(EXAMPLES / "helpful-v2.toml").tag == "helpful@2#9f9d1eeaa7da"
+    ungated = GATED.model_copy(
+        update={"criteria": [GATED.criteria[0], GATED.criteria[1].model_copy(update={"gate": False})]}
+    )
+    assert ungated.content_hash != GATED.content_hash
+
+
+def test_to_toml_round_trips_through_the_loader(tmp_path):
+    tricky = Rubric(
+        name="r",
+        version="2",
+        instructions='Quotes " and \\ backslashes,\nnew lines, tabs\t, DEL \x7f and é.',
+        criteria=[*GATED.criteria, Criterion(name="n-1", text="Number?", weight=0.25)],
+    )
+    path = tmp_path / "r.toml"
+    path.write_text(tricky.to_toml())
+    assert load_rubric(path) == tricky
+
+
+def test_an_unknown_rubric_field_names_gate_among_the_allowed():
+    with pytest.raises(ValueError, match="criteria.0.veto: unknown field; allowed: .*choices, gate"):
+        parse_rubric('name = "r"\nversion = "1"\n[[criteria]]\nname = "a"\ntext = "a?"\nveto = true\n')
+
+
+def test_a_gated_rubric_scores_zero_through_the_judge(tmp_path):
+    reply = json.dumps(
+        {"reason": "right, but invented a source", "criteria": {"correct": "yes", "safe": "no"}}
+    )
+    with ScriptedServer([reply]) as server:
+
+        async def go():
+            client = make_client(server, tmp_path)
+            try:
+                return await AbsoluteJudge(client, GATED).judge_text("What is the capital of Peru?", "Lima.")
+            finally:
+                await client.aclose()
+
+        score = asyncio.run(go())
+    assert score.criteria == {"correct": 1.0, "safe": 0.0}
+    assert score.total == 0.0

@@ -27,7 +27,7 @@ from grooves.policy.vllm import (
     lora_rank_cap,
     vllm_sampling_kwargs,
 )
-from grooves.training.loop import build_policy
+from grooves.training.session import build_policy
 
 
 @pytest.fixture(scope="module")

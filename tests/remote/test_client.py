@@ -69,7 +69,7 @@ def test_only_the_service_sections_of_a_run_file_are_sent(tmp_path):
     run_file.write_text('task = "capitals"\nsteps = 5\n[lora]\nrank = 2\n[validation]\nevery = 2\n')
     assert service_sections(run_config(run_file), set_only=True) == {"lora": {"rank": 2}}
     full = service_sections(run_config(run_file))
-    assert sorted(full) == ["algorithm", "logging", "lora", "model", "optim", "rollout", "seed"]
+    assert sorted(full) == ["algorithm", "checkpoint", "logging", "lora", "model", "optim", "rollout", "seed"]
 
 
 def test_the_client_imports_no_torch():

@@ -105,8 +105,8 @@ def test_a_failing_rollout_on_ray_is_recorded_not_raised(local_ray, policy):
 
 def test_local_runner_is_the_task_function_itself():
     task = ToyTokensTask()
-    config = parse_config({}).rollout
-    runner = start_rollouts(config, task.rollout, policy=None)
+    config = parse_config({})
+    runner = start_rollouts(config.rollout.runner, config.ray, task.rollout, policy=None)
     assert isinstance(runner, LocalRollouts) and runner.rollout == task.rollout
 
 
@@ -125,8 +125,8 @@ def _run_config(model_dir, out, runner):
                 "groups_per_step": 2,
                 "max_tokens": 4,
                 "runner": runner,
-                "ray_workers": 2,
             },
+            "ray": {"workers": 2},
             "optim": {"lr": 5e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 2},

@@ -103,3 +103,51 @@ def test_served_name_of_a_model_setting(tmp_path):
         '{"gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"}'
     )
     assert served_name_of(str(folder)) == "smollm2-135m"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"train": True, "admin": True},
+            "error: --admin with --train: the training service has no /v1/adapters routes (they load any "
+            "path on this machine's disk); tenants promote their own checkpoints instead",
+        ),
+        ({"backend": "sglang"}, "error: --backend 'sglang': use transformers or vllm"),
+    ],
+)
+def test_serve_builds_serve_options_and_run_serve_refuses_a_contradiction_in_one_line(
+    options, message, capsys
+):
+    """`grooves serve` is `ServeOptions` and `run_serve`: options that contradict each other end in one
+    red line on stderr and exit code 1, before any model is loaded."""
+    import typer
+
+    from grooves.cli.serve import ServeOptions, run_serve
+
+    flags = dict(
+        model="no-such-model-dir",
+        host="127.0.0.1",
+        port=8000,
+        adapter=[],
+        admin=False,
+        api_key=None,
+        max_n=64,
+        max_request_tokens=None,
+        max_body_bytes=None,
+        served_name=None,
+        device="cpu",
+        dtype="float32",
+        backend="transformers",
+        train=False,
+        train_dir="runs/service",
+        max_models=8,
+        api_keys=None,
+        max_step_tokens=1000,
+        max_step_trajectories=10,
+        max_sequence_tokens=100,
+    )
+    with pytest.raises(typer.Exit) as stopped:
+        run_serve(ServeOptions(**(flags | options)))
+    assert stopped.value.exit_code == 1
+    assert " ".join(capsys.readouterr().err.split()) == message

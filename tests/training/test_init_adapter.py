@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from grooves.config import ConfigError, check_against_model, parse_config, parse_sft_config
-from grooves.training.loop import build_policy, train
+from grooves.training.loop import train
+from grooves.training.session import build_policy
 from grooves.training.sft import sft
 
 
@@ -41,7 +42,8 @@ def sft_run(tiny_model_dir, tmp_path_factory):
             "model": {"base_model": str(tiny_model_dir)},
             "lora": {"rank": 4, "alpha": 8},
             "optim": {"lr": 1e-2},
-            "logging": {"checkpoint_every": 2, "progress": False},
+            "logging": {"progress": False},
+            "checkpoint": {"every": 2},
         }
     )
     return sft(config)
@@ -234,7 +236,7 @@ def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_referenc
     import shutil
 
     from grooves.config import resolve_init_adapter
-    from grooves.training.loop import _kl_start_adapter
+    from grooves.training.session import kl_start_adapter
 
     run_dir = tmp_path / "run"
     shutil.copytree(sft_run, run_dir / "sft")
@@ -242,14 +244,14 @@ def test_a_resumed_run_with_an_sft_stage_takes_the_stages_adapter_as_kl_referenc
     data["model"]["init_adapter"] = None  # as the run file says: the stage sets it at the start only
     data["sft"] = {"data": str(tmp_path / "demos.jsonl")}
     config = parse_config(data)
-    assert _kl_start_adapter(config, run_dir) == resolve_init_adapter(str(run_dir / "sft"))
-    assert (_kl_start_adapter(config, run_dir) / "adapter_config.json").is_file()
+    assert kl_start_adapter(config, run_dir) == resolve_init_adapter(str(run_dir / "sft"))
+    assert (kl_start_adapter(config, run_dir) / "adapter_config.json").is_file()
     base = config.model_copy(
         update={"algorithm": config.algorithm.model_copy(update={"kl_reference": "base"})}
     )
-    assert _kl_start_adapter(base, run_dir) is None
+    assert kl_start_adapter(base, run_dir) is None
     off = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"kl_beta": 0.0})})
-    assert _kl_start_adapter(off, run_dir) is None
+    assert kl_start_adapter(off, run_dir) is None
 
 
 def test_a_run_with_a_kl_reference_resumes_from_its_checkpoint(sft_run, tiny_model_dir, tmp_path):

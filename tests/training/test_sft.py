@@ -148,6 +148,48 @@ def _data(tmp_path, n=4):
     return path
 
 
+def test_sft_reads_the_checkpoint_validation_and_logging_sections_of_rl(tiny_model_dir, tmp_path):
+    """`[checkpoint]`, `[validation]` and `[logging]` mean in `grooves sft` what they mean in
+    `grooves train`: checkpoints every K steps and after the last, the newest `keep` kept;
+    validation on the top-level `task` with `samples` rollouts of `max_tokens` tokens, skipped at
+    the start with `at_start = false`; the trackers `report_to` names."""
+    pytest.importorskip("torch.utils.tensorboard", reason="the tracker extras: pip install -e '.[trackers]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = parse_sft_config(
+        {
+            "data": str(_data(tmp_path, 2)),
+            "output_dir": str(tmp_path / "run"),
+            "batch_size": 2,
+            "steps": 5,
+            "task": "toy_tokens",
+            "task_options": {"vocab_size": 487, "num_scenarios": 8},
+            "model": {"base_model": str(tiny_model_dir)},
+            "lora": {"rank": 4, "alpha": 8},
+            "validation": {"every": 2, "scenarios": 3, "samples": 2, "max_tokens": 2, "at_start": False},
+            "checkpoint": {"every": 2, "keep": 2, "keep_best_by": ""},
+            "logging": {"progress": False, "report_to": ["tensorboard"]},
+        }
+    )
+    run_dir = sft(config)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # no step 0: at_start = false
+    assert [r["step"] for r in rows if "val/reward_mean" in r] == [2, 4, 5]
+    groups = [
+        json.loads(line)
+        for line in (run_dir / "samples" / "validation_000004.jsonl").read_text().splitlines()
+    ]
+    assert [len(g["trajectories"]) for g in groups] == [2, 2, 2]
+    lengths = [len(turn["token_ids"]) for g in groups for t in g["trajectories"] for turn in t["turns"]]
+    assert len(lengths) == 6 and max(lengths) <= 2  # validation's own max_tokens
+    assert [e.step for e in AdapterRegistry(run_dir).checkpoints()] == [4, 5]  # 2, 4 and the last; 2 kept
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert {e.step: e.value for e in events.Scalars("loss")} == pytest.approx(
+        {r["step"]: r["loss"] for r in rows}
+    )
+
+
 def test_a_step_starts_from_zeroed_gradients(tiny_model_dir, tmp_path):
     """Gradients left in `.grad` by an earlier caller do not leak into the step (as in RL's `optimize`)."""
     import torch
@@ -187,7 +229,8 @@ def test_sft_learns_the_answers(peaked_model_dir, tmp_path):
             "model": {"base_model": str(peaked_model_dir)},
             "lora": {"rank": 4, "alpha": 8},
             "optim": {"lr": 2e-2},
-            "logging": {"checkpoint_every": 10, "progress": False},
+            "logging": {"progress": False},
+            "checkpoint": {"every": 10},
         }
     )
     run_dir = sft(config)
@@ -223,9 +266,9 @@ def test_cli_runs_from_options_and_resumes(tiny_model_dir, tmp_path):
         "--set",
         "logging.progress=false",
         "--set",
-        "logging.checkpoint_every=1",
+        "checkpoint.every=1",
         "--set",
-        "validation.task=toy_tokens",
+        "task=toy_tokens",
         "--set",
         "validation.scenarios=2",
         "--set",

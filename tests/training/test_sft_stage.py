@@ -14,9 +14,9 @@ from grooves.config import ConfigError, parse_config
 from grooves.envs import get_env
 from grooves.envs.demos import demonstrations
 from grooves.tasks.capitals import CapitalsTask
-from grooves.training.loop import _held_out, train
+from grooves.training.loop import train
 from grooves.training.runlog import RunFolderError
-from grooves.training.sft import validation_overlap
+from grooves.training.sft import held_out, validation_overlap
 
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
@@ -115,12 +115,12 @@ def test_an_sft_stage_refuses_demonstrations_of_the_test_split(tmp_path):
     from grooves.tasks.environment import EnvironmentTask
 
     task = EnvironmentTask("corpus_search")
-    held = _held_out(task)
+    held = held_out(task)
     assert len(held) == 120  # 20 validation and 100 test scenarios
     test = task.scenarios("test")
     chat = {"line": 3, "messages": [{"role": "user", "content": test[7]["prompt"]}]}
     assert validation_overlap([chat], held) == f"line 3: demonstrates test scenario {test[7]['id']!r}"
-    assert len(_held_out(CapitalsTask())) == len(CapitalsTask().scenarios("validation"))  # no test split
+    assert len(held_out(CapitalsTask())) == len(CapitalsTask().scenarios("validation"))  # no test split
 
 
 def test_a_bad_demonstration_is_one_line_naming_the_file_line_and_turn(tiny_model_dir, tmp_path):

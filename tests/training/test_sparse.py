@@ -42,7 +42,8 @@ def _config(model_dir, out, **rollout):
             "optim": {"lr": 1e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 2, "samples": 1},
-            "logging": {"progress": False, "checkpoint_every": 1},
+            "logging": {"progress": False},
+            "checkpoint": {"every": 1},
         }
     )
 
@@ -92,6 +93,17 @@ def test_pure_rules():
     assert "max_refill_draws ran out 2 group(s) short of groups_per_step" in lines[-1]
 
 
+def test_a_run_that_starts_warm_is_not_told_to_start_warm():
+    lines = []
+    SparseRewardWarning(0.5, say=lines.append, warm=True).observe(3, 4, 4)
+    assert lines == [
+        "step 3: 4 of 4 groups (100%) had all-equal rewards and teach nothing (1 such step(s) so far); set "
+        "rollout.refill_zero_variance = true to draw more scenarios, raise rollout.temperature or group_size, "
+        "or train the warm start further (more demonstrations or [sft] steps: this run already starts from "
+        "model.init_adapter)"
+    ]
+
+
 def test_a_run_with_flat_groups_warns_in_one_line_and_in_the_report(tiny_model_dir, tmp_path, capsys):
     task = FlatTask(set(range(8)), **TASK)
     run_dir = train(_config(tiny_model_dir, tmp_path / "run"), task=task)
@@ -102,7 +114,7 @@ def test_a_run_with_flat_groups_warns_in_one_line_and_in_the_report(tiny_model_d
     assert lines == [
         "step 1: 2 of 2 groups (100%) had all-equal rewards and teach nothing (1 such step(s) so far); set "
         "rollout.refill_zero_variance = true to draw more scenarios, raise rollout.temperature or group_size, "
-        "or start from a warm adapter (model.init_adapter)"
+        "or start from a warm adapter (model.init_adapter, or an [sft] stage)"
     ]
     report = (run_dir / "report.html").read_text()
     assert "Sparse rewards: 100% of groups had all-equal rewards" in report and "4 of 4 steps" in report

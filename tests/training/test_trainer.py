@@ -983,3 +983,20 @@ def test_validation_at_start_false_scores_only_after_the_last_step(tiny_model_di
     assert validated == [2]
     default = _config(tiny_model_dir, tmp_path / "default", steps=2, validation__every=0)
     assert [r["step"] for r in _rows(train(default)) if "val/reward_mean" in r] == [0, 2]
+
+
+def test_validation_max_tokens_bounds_validation_turns_and_not_training_ones(tiny_model_dir, tmp_path):
+    """`validation.max_tokens` is validation's own budget; unset, validation uses `rollout.max_tokens`."""
+
+    def lengths(path: Path) -> list[int]:
+        groups = [json.loads(line) for line in path.read_text().splitlines()]
+        return [len(turn["token_ids"]) for g in groups for t in g["trajectories"] for turn in t["turns"]]
+
+    config = _config(tiny_model_dir, tmp_path / "run", steps=1, validation__every=0, validation__max_tokens=1)
+    run_dir = train(config)
+    validation = lengths(run_dir / "samples" / "validation_000001.jsonl")
+    training = lengths(run_dir / "samples" / "step_000001.jsonl")
+    assert len(validation) == 8 and max(validation) == 1
+    assert len(training) == 64 and max(training) == 4  # rollout.max_tokens
+    default = train(_config(tiny_model_dir, tmp_path / "default", steps=1, validation__every=0))
+    assert max(lengths(default / "samples" / "validation_000001.jsonl")) == 4

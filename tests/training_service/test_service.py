@@ -530,6 +530,23 @@ def test_checkpoints_can_be_listed_selected_deleted_and_promoted(tiny_model_dir,
     assert len(texts) == 8 and any(texts)  # decoded from the token ids, for the reader
 
 
+def test_a_model_checkpoints_and_keeps_as_its_checkpoint_section_says(tiny_model_dir, tmp_path):
+    """`[checkpoint]` is one of the sections a trainable model takes: every 2 steps, the newest 2 kept."""
+
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir) as (app, transport):
+            config = toy_config(tiny_model_dir, checkpoint={"every": 2, "keep": 2})
+            model = await create(transport, "toy", config)
+            for _ in range(5):
+                await model.train(await model.gather(TASK.rollout, _scenarios()))
+            kept = [c["step"] for c in await model.checkpoints()]
+            await model.close()
+            return kept, hosted(app, "toy").config.checkpoint
+
+    kept, settings = asyncio.run(run())
+    assert kept == [2, 4] and (settings.every, settings.keep) == (2, 2)
+
+
 def test_a_model_the_service_could_not_restore_is_kept_not_replaced(tiny_model_dir, tmp_path, capfd):
     root = tmp_path / "svc"
 

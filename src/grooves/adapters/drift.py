@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -91,8 +92,8 @@ def read_lora(adapter_dir: str | Path) -> dict[str, LoraFactors]:
             continue
         module = key.split(".lora_A.")[0].removeprefix(_PREFIX)
         b = tensors[key.replace(".lora_A.", ".lora_B.")]
-        alphas = config.get("alpha_pattern") or {}
-        alpha = float(alphas.get(get_pattern_key(alphas.keys(), module), config["lora_alpha"]))
+        alphas: dict[str, Any] = config.get("alpha_pattern") or {}
+        alpha = float(alphas.get(get_pattern_key(list(alphas), module), config["lora_alpha"]))
         rank = a.shape[0]  # the weights' own rank (rank_pattern, if any, already shaped them)
         out[f"{module}.weight"] = LoraFactors(
             a.double(), b.double(), lora_scale(alpha, rank, bool(config.get("use_rslora")))
@@ -150,7 +151,7 @@ def group_key(module: str, group: Group) -> str:
 
 
 def drift_table(
-    adapters: list[str | Path], *, base_model: str | None = None, group: Group = "block"
+    adapters: Sequence[str | Path], *, base_model: str | None = None, group: Group = "block"
 ) -> list[DriftRow]:
     """Rows of relative update norms, one per group (in model order), for one or two adapters."""
     if not 1 <= len(adapters) <= 2:
@@ -163,7 +164,11 @@ def drift_table(
     for name in names:
         parts = [f.get(name) for f in factors]
         sq = [update_sq_norm(p) if p is not None else 0.0 for p in parts]
-        cross = update_inner(parts[0], parts[1]) if len(parts) == 2 and None not in parts else 0.0
+        cross = (
+            update_inner(parts[0], parts[1])
+            if len(parts) == 2 and parts[0] is not None and parts[1] is not None
+            else 0.0
+        )
         values = [w2[name], sq[0], sq[1] if len(sq) == 2 else 0.0, cross]
         row = acc.setdefault(group_key(name, group), [0.0, 0.0, 0.0, 0.0])
         for i, v in enumerate(values):

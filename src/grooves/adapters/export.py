@@ -32,11 +32,12 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from grooves.adapters.registry import BadAdapter, check_adapter_finite
-from grooves.adapters.to_gguf import GGUF_TYPES, GgufError, write_gguf
+from grooves.adapters.to_gguf import GGUF_TYPES, GgufError, GgufType, write_gguf
 from grooves.models import adapter_base, check_adapter_base, describe_base, record_adapter_base, resolve_model
 from grooves.policy.loaded_adapters import peft_wrapping
 
@@ -160,7 +161,7 @@ def export_adapter(
     try:
         diff = None
         if adapter:
-            peft_model.save_pretrained(tmp / "adapter")
+            peft_model.save_pretrained(str(tmp / "adapter"))
             record_adapter_base(tmp / "adapter", base_record)
         gguf_info, gguf_diff = None, None
         if merged or gguf_type:
@@ -175,7 +176,8 @@ def export_adapter(
                 diff = float((_logits(reloaded, ids) - reference).abs().max())
             if gguf_type:
                 try:
-                    gguf_info = asdict(write_gguf(tmp / "merged", tmp / "model.gguf", gguf_type=gguf_type))
+                    kind = cast(GgufType, gguf_type)  # one of GGUF_TYPES (checked above)
+                    gguf_info = asdict(write_gguf(tmp / "merged", tmp / "model.gguf", gguf_type=kind))
                 except GgufError as exc:
                     raise ExportError(f"{exc}; nothing was exported") from None
                 gguf_info["path"] = str(out_dir / "model.gguf")

@@ -87,7 +87,7 @@ def watch_run(
     """Promote each new checkpoint of a run as it appears; returns the paths promoted.
 
     Runs until `stop` is set or `max_promotions` have been made. A checkpoint is promoted once;
-    pruning (`keep_checkpoints`) never un-promotes anything.
+    pruning (`checkpoint.keep`) never un-promotes anything.
     """
     stop = stop or threading.Event()
     promoted: list[Path] = []

@@ -4,7 +4,7 @@ A run folder already holds everything needed: `checkpoints/step_NNNNNN/adapter` 
 `metrics.jsonl` (one row per step, validation rows carrying `val/...` keys). The registry only reads
 them, so it works the same for RL runs (`grooves train`), SFT runs (`grooves sft`) and runs still in
 progress. "Best" is chosen among checkpoints that still exist and whose step has the metric:
-pruning keeps the newest `keep_checkpoints` and the best by `logging.keep_best_by`
+pruning keeps the newest `checkpoint.keep` and the best by `checkpoint.keep_best_by`
 (`val/success_rate` unless set otherwise), so best by another metric may have been pruned.
 
 `resolve_adapter` turns what a user types (an adapter folder, a checkpoint folder, or a run folder
@@ -141,7 +141,7 @@ class AdapterRegistry:
             raise AdapterNotFound(
                 f"{self.run_dir}: no kept checkpoint has {metric!r} in metrics.jsonl "
                 f"(validation metrics at kept checkpoints: {seen or 'none'}); validate on checkpoint steps "
-                "or set logging.keep_best_by to this metric"
+                "or set checkpoint.keep_best_by to this metric"
             )
         sign = 1.0 if mode == "max" else -1.0
         return max(scored, key=lambda e: (sign * float(e.metrics[metric]), e.step))

@@ -95,7 +95,8 @@ def _vocab(tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
     added = tokenizer.get_added_vocab()
     decoder = tokenizer.added_tokens_decoder
-    tokens, types = [], []
+    tokens: list[str] = []
+    types: list[int] = []  # gguf.TokenType values (an IntEnum)
     for i in range(vocab_size):
         if i not in reverse:
             tokens.append(f"[PAD{i}]")

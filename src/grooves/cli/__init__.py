@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer  # noqa: E402
 
-from grooves.cli import adapters, config, envs, evaluate, judge, models, report, serve, train  # noqa: E402
+from grooves.cli import adapters, config, envs, evaluate, judge, models, report, rubric, serve, train  # noqa: E402
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train small agent models with RL.")
 
@@ -29,6 +29,7 @@ app.add_typer(adapters.weights_app, name="weights")
 app.add_typer(adapters.adapters_app, name="adapters")
 # judging, environments, reports
 app.add_typer(judge.app, name="judge")
+app.add_typer(rubric.app, name="rubric")
 app.add_typer(envs.app, name="env")
 app.add_typer(report.app)
 app.command("train")(train.train_command)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from grooves.config import RunConfig, SftConfig
 
 app = typer.Typer(no_args_is_help=True, help="Run files: see what a run will use.")
 
@@ -26,6 +31,7 @@ def show(
     where = run_file or "the defaults"
     try:
         data = read_run_file(run_file, parse_overrides(set_))
+        config: RunConfig | SftConfig
         if sft or "data" in data:
             config = parse_sft_config(data)
         else:

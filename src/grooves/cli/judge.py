@@ -18,6 +18,7 @@ import asyncio
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -86,39 +87,75 @@ def _ids(ids: list[str], shown: int = 4) -> str:
     return ", ".join(ids[:shown]) + more
 
 
-async def _score(
-    config: JudgeConfig,
-    input_path: Path,
-    rubric_path: Path | None,
-    mode: Mode,
-    twice: bool,
-    seed: int,
-    check: bool,
-    stop_after: int,
-    retry_from: Path | None,
-) -> tuple[list[ScoreRecord], TokenUsage, int]:
-    """Score the items (only the failed ones of `retry_from`); returns the records, usage, items asked."""
-    rubric = load_rubric(rubric_path) if rubric_path else DEFAULT_RUBRIC
-    items = read_items(input_path)
+@dataclass(frozen=True)
+class ScoreJob:
+    """What `grooves judge score` was asked to score and how; the judge endpoint is a `JudgeConfig`."""
+
+    input_path: Path
+    out: Path
+    rubric: Path | None
+    mode: Mode
+    twice: bool
+    seed: int
+    check: bool
+    stop_after: int
+    retry_failed: bool
+    min_coverage: float
+
+    @property
+    def retry_from(self) -> Path | None:
+        """The scores file whose failed items are asked again (`--retry-failed`), else None."""
+        return self.out if self.retry_failed else None
+
+
+def run_score(job: ScoreJob, judge: dict[str, object]) -> None:
+    """Score, write `job.out`, print the summary; a bad file or setting (in `judge`, the
+    `JudgeConfig` fields) ends in one red line and exit 1, as does coverage below `min_coverage`."""
+    try:
+        config = JudgeConfig.model_validate(judge)
+        records, usage, asked = asyncio.run(_score(config, job))
+    except (RubricError, JudgeError, ValueError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from exc
+    write_records(job.out, records)
+    coverage = _print_score_summary(records, usage, job.out, asked if job.retry_failed else None)
+    if coverage.fraction < job.min_coverage:
+        failed = coverage.total - coverage.scored
+        raise _fail(
+            f"{coverage.scored}/{coverage.total} items scored ({coverage.fraction:.0%}), below --min-coverage "
+            f"{job.min_coverage:.0%}; re-ask the {failed} failed with --retry-failed (failures are not cached)"
+        )
+
+
+async def _score(config: JudgeConfig, job: ScoreJob) -> tuple[list[ScoreRecord], TokenUsage, int]:
+    """Score the items (only the failed ones of `job.retry_from`); returns the records, usage, items asked."""
+    rubric = load_rubric(job.rubric) if job.rubric else DEFAULT_RUBRIC
+    items = read_items(job.input_path)
     if not items:
-        raise ValueError(f"{input_path}: no items to score")
+        raise ValueError(f"{job.input_path}: no items to score")
     client = JudgeClient(config)
     try:
         previous: list[ScoreRecord] = []
         ask = items
+        retry_from = job.retry_from
         if retry_from is not None:
             if not retry_from.exists():
                 raise FileNotFoundError(
                     f"--retry-failed: {retry_from} does not exist yet; score without --retry-failed first"
                 )
             previous = read_records(retry_from)
-            check_retry(previous, rubric, client.model, mode.value, retry_from)
-            ask = to_retry(items, previous, mode.value)
-        if check and ask:
+            check_retry(previous, rubric, client.model, job.mode.value, retry_from)
+            ask = to_retry(items, previous, job.mode.value)
+        if job.check and ask:
             await client.check()
         fresh = (
             await score_items(
-                client, rubric, ask, mode=mode.value, judge_twice=twice, seed=seed, stop_after=stop_after
+                client,
+                rubric,
+                ask,
+                mode=job.mode.value,
+                judge_twice=job.twice,
+                seed=job.seed,
+                stop_after=job.stop_after,
             )
             if ask
             else []
@@ -175,7 +212,7 @@ def score(
     Failed judgments are written as records with an error and are not cached, so a later run asks
     (and pays for) them again; --retry-failed asks only those.
     """
-    settings: dict[str, object] = {
+    judge: dict[str, object] = {
         "base_url": base_url,
         "model": model,
         "api_key": api_key,
@@ -184,32 +221,20 @@ def score(
         "max_tokens": max_tokens,
     }
     if no_cache or cache is not None:
-        settings["cache_path"] = None if no_cache else cache
-    try:
-        config = JudgeConfig.model_validate(settings)
-        records, usage, asked = asyncio.run(
-            _score(
-                config,
-                input_path,
-                rubric,
-                mode,
-                twice,
-                seed,
-                check,
-                stop_after,
-                out if retry_failed else None,
-            )
-        )
-    except (RubricError, JudgeError, ValueError, FileNotFoundError) as exc:
-        raise _fail(str(exc)) from exc
-    write_records(out, records)
-    coverage = _print_score_summary(records, usage, out, asked if retry_failed else None)
-    if coverage.fraction < min_coverage:
-        failed = coverage.total - coverage.scored
-        raise _fail(
-            f"{coverage.scored}/{coverage.total} items scored ({coverage.fraction:.0%}), below --min-coverage "
-            f"{min_coverage:.0%}; re-ask the {failed} failed with --retry-failed (failures are not cached)"
-        )
+        judge["cache_path"] = None if no_cache else cache
+    job = ScoreJob(
+        input_path=input_path,
+        out=out,
+        rubric=rubric,
+        mode=mode,
+        twice=twice,
+        seed=seed,
+        check=check,
+        stop_after=stop_after,
+        retry_failed=retry_failed,
+        min_coverage=min_coverage,
+    )
+    run_score(job, judge)
 
 
 def _print_score_summary(

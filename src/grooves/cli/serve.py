@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass, replace
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -125,94 +127,164 @@ def serve_command(
     ),
 ) -> None:
     """Serve a policy over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions)."""
-    from grooves.adapters.admin import mount_admin
-    from grooves.cli.adapters import parse_adapter_options
-    from grooves.config import ConfigError
-    from grooves.serve.app import create_app, serve
-    from grooves.serve.keys import ApiKeys
-    from grooves.serve.routing import ModelRoutes
+    options = ServeOptions(
+        model=model,
+        host=host,
+        port=port,
+        adapter=list(adapter),
+        admin=admin,
+        api_key=api_key,
+        max_n=max_n,
+        max_request_tokens=max_request_tokens,
+        max_body_bytes=max_body_bytes,
+        served_name=served_name,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        train=train,
+        train_dir=train_dir,
+        max_models=max_models,
+        api_keys=api_keys,
+        max_step_tokens=max_step_tokens,
+        max_step_trajectories=max_step_trajectories,
+        max_sequence_tokens=max_sequence_tokens,
+    )
+    run_serve(options)
 
-    api_key = api_key or None  # GROOVES_API_KEY="" sets no key
-    served_name = served_name or served_name_of(model)  # a name, never the operator's path
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`grooves serve`'s flags, one field each (`serve_command` holds each flag's help)."""
+
+    model: str
+    host: str
+    port: int
+    adapter: list[str]
+    admin: bool
+    api_key: str | None
+    max_n: int
+    max_request_tokens: int | None
+    max_body_bytes: int | None
+    served_name: str | None
+    device: str
+    dtype: str
+    backend: str
+    train: bool
+    train_dir: str
+    max_models: int
+    api_keys: str | None
+    max_step_tokens: int
+    max_step_trajectories: int
+    max_sequence_tokens: int
+
+
+def run_serve(options: ServeOptions) -> None:
+    """Check the options, then serve until interrupted: the policy, or with `train` the training service.
+    A bad option or model ends in one red line and exit code 1."""
+    o = replace(
+        options,
+        api_key=options.api_key or None,  # GROOVES_API_KEY="" sets no key
+        served_name=options.served_name or served_name_of(options.model),  # a name, never the operator's path
+    )
+    own, named, keys = _adapters_and_keys(o)
+    if keys is None and o.api_key is None and o.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"warning: --host {o.host} without --api-key: anyone who reaches this port can use the server",
+            highlight=False,
+        )
+    limits: dict[str, Any] = {
+        k: v
+        for k, v in {"max_request_tokens": o.max_request_tokens, "max_body_bytes": o.max_body_bytes}.items()
+        if v is not None
+    }
+    if o.backend not in ("transformers", "vllm"):
+        raise _fail(f"--backend {o.backend!r}: use transformers or vllm")
+    if o.train and o.backend == "vllm":
+        raise _fail(
+            "--backend vllm with --train: the training service shares one base model among trainable models "
+            "on transformers; drop --backend, or train with model.backend = 'vllm' in a run file"
+        )
+    if o.train:
+        limits["limits"] = StepLimits(o.max_step_tokens, o.max_step_trajectories, o.max_sequence_tokens)
+        _serve_training(o, own, named, keys, limits)
+    else:
+        _serve_policy(o, own, named, keys, limits)
+
+
+def _name(o: ServeOptions) -> str:
+    """The served model's name, which `run_serve` has set."""
+    assert o.served_name is not None
+    return o.served_name
+
+
+def _adapters_and_keys(o: ServeOptions):
+    """(the base model's own adapter or None, the named adapters, the tenants' `ApiKeys` or None);
+    a bad `--adapter` or an option that contradicts another ends in one red line."""
+    from grooves.cli.adapters import parse_adapter_options
+    from grooves.serve.keys import ApiKeys
+
     try:
-        own, named = parse_adapter_options(adapter, served_name)
-        if api_key and api_keys:
+        own, named = parse_adapter_options(o.adapter, _name(o))
+        if o.api_key and o.api_keys:
             raise ValueError("--api-key and --api-keys: pass one of them (a keys file can hold one key)")
-        if train and admin:
+        if o.train and o.admin:
             raise ValueError(
                 "--admin with --train: the training service has no /v1/adapters routes (they load any path on "
                 "this machine's disk); tenants promote their own checkpoints instead"
             )
         # a tenant per key: a keys file, or with --train the one key as the tenant "default"
         keys = (
-            ApiKeys.from_file(api_keys)
-            if api_keys
-            else ApiKeys.single(api_key)
-            if api_key and train
+            ApiKeys.from_file(o.api_keys)
+            if o.api_keys
+            else ApiKeys.single(o.api_key)
+            if o.api_key and o.train
             else None
         )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
-    if keys is None and api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            f"warning: --host {host} without --api-key: anyone who reaches this port can use the server",
-            highlight=False,
-        )
-    limits = {"max_request_tokens": max_request_tokens, "max_body_bytes": max_body_bytes}
-    limits = {k: v for k, v in limits.items() if v is not None}
-    if backend not in ("transformers", "vllm"):
-        raise _fail(f"--backend {backend!r}: use transformers or vllm")
-    if train and backend == "vllm":
-        raise _fail(
-            "--backend vllm with --train: the training service shares one base model among trainable models "
-            "on transformers; drop --backend, or train with model.backend = 'vllm' in a run file"
-        )
-    if train:
-        limits["limits"] = StepLimits(max_step_tokens, max_step_trajectories, max_sequence_tokens)
-        _serve_training(
-            model,
-            host,
-            port,
-            own,
-            named,
-            served_name,
-            device,
-            dtype,
-            train_dir,
-            max_models,
-            max_n,
-            keys,
-            limits,
-        )
-        return
+    return own, named, keys
+
+
+def _serve_policy(o: ServeOptions, own, named, keys, limits: dict) -> None:
+    """`grooves serve`: the policy (and its named adapters) behind the OpenAI-compatible API."""
+    from grooves.adapters.admin import mount_admin
+    from grooves.config import ConfigError
+    from grooves.serve.app import create_app, serve
+    from grooves.serve.routing import ModelRoutes
+
     try:
-        policy = _serving_policy(backend, model, own, served_name, device, dtype)
+        policy = _serving_policy(o.backend, o.model, own, _name(o), o.device, o.dtype)
     except ModelError as exc:
         raise _fail(str(exc)) from exc
     except (ConfigError, ImportError) as exc:  # the vLLM backend cannot start as asked: one line each
         raise _fail(str(exc)) from exc
     except OSError as exc:  # transformers' error for a hub id it cannot reach or find
         raise _fail(
-            f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
+            f"could not load --model {o.model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
         ) from exc
     table = ModelRoutes(policy, own_path=str(own) if own else None)
     for name, path in named:
         table.add(name, path)
     console.print(
-        f"serving [bold]{', '.join(table.names())}[/bold] at http://{host}:{port}/v1", highlight=False
+        f"serving [bold]{', '.join(table.names())}[/bold] at http://{o.host}:{o.port}/v1", highlight=False
     )
-    if device == "cpu" and backend == "transformers" and "OMP_WAIT_POLICY" not in os.environ:
+    if o.device == "cpu" and o.backend == "transformers" and "OMP_WAIT_POLICY" not in os.environ:
         # libgomp's spinning threads stall the sampler when other processes share the cores (CHANGELOG.md, change 2)
         console.print(
             "tip: on a shared machine start with OMP_WAIT_POLICY=PASSIVE (see docs/serving.md)",
             highlight=False,
         )
     app = create_app(
-        policy, max_n=max_n, adapters=table, api_key=api_key if keys is None else None, keys=keys, **limits
+        policy,
+        max_n=o.max_n,
+        adapters=table,
+        api_key=o.api_key if keys is None else None,
+        keys=keys,
+        **limits,
     )
-    if admin:
+    if o.admin:
         mount_admin(app)
-    serve(app, host=host, port=port)
+    serve(app, host=o.host, port=o.port)
 
 
 def _serving_policy(backend: str, model: str, own, served_name: str, device: str, dtype: str):
@@ -228,9 +300,7 @@ def _serving_policy(backend: str, model: str, own, served_name: str, device: str
     return TransformersPolicy(model, adapter_path=own, served_name=served_name, device=device, dtype=dtype)
 
 
-def _serve_training(
-    model, host, port, own, named, served_name, device, dtype, train_dir, max_models, max_n, keys, limits
-) -> None:
+def _serve_training(o: ServeOptions, own, named, keys, limits: dict) -> None:
     """`grooves serve --train`: the training service until interrupted, then each model's report."""
     from grooves.serve.app import serve
     from grooves.training.runlog import RunFolderError
@@ -242,15 +312,15 @@ def _serve_training(
         )
     try:
         app = create_service_app(
-            train_dir,
-            model,
+            o.train_dir,
+            o.model,
             keys=keys,
-            served_name=served_name,
+            served_name=o.served_name,
             adapters=[(name, str(path)) for name, path in named],
-            dtype=dtype,
-            device=device,
-            max_models=max_models,
-            max_n=max_n,
+            dtype=o.dtype,
+            device=o.device,
+            max_models=o.max_models,
+            max_n=o.max_n,
             **limits,
         )
     except ModelError as exc:
@@ -259,20 +329,20 @@ def _serve_training(
         raise _fail(f"--train-dir: {exc}") from exc
     except OSError as exc:
         raise _fail(
-            f"could not load --model {model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
+            f"could not load --model {o.model!r}: {exc}\nfix: pass a local model directory, or {DEFAULT_MODEL} (works offline)"
         ) from exc
     service = app.state.service
     names = ", ".join(app.state.adapters.names())
     console.print(
-        f"training service on [bold]{names}[/bold] at http://{host}:{port}/v1 "
-        f"({len(service.models)} trainable models restored from {train_dir})",
+        f"training service on [bold]{names}[/bold] at http://{o.host}:{o.port}/v1 "
+        f"({len(service.models)} trainable models restored from {o.train_dir})",
         highlight=False,
     )
     # uvicorn stops on SIGTERM as on SIGINT, then raises the signal again under the handler it found:
     # the default one ends the process at once, so this one turns it into an exit that runs `finally`
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        serve(app, host=host, port=port)
+        serve(app, host=o.host, port=o.port)
     finally:
         signal.signal(signal.SIGTERM, previous)
         app.state.scheduler.close()

@@ -142,7 +142,9 @@ def vllm_problems(*, dtype: str, lora_rank: int | None, sleep_level: int = 0, mo
 
 
 def _head_size(model_config) -> int | None:
-    text = model_config.get_text_config() if model_config is not None else None
+    if model_config is None:
+        return None
+    text = model_config.get_text_config()
     try:
         heads = int(text.num_attention_heads)
         return int(getattr(text, "head_dim", None) or int(text.hidden_size) // heads)

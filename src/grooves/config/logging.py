@@ -1,4 +1,6 @@
-"""The `[logging]` section: what a run writes into its folder, and how often."""
+"""The `[logging]` section: what a run writes into its folder besides checkpoints, and where it
+shows progress. `grooves sft` reads `LoggingConfig`; `grooves train` the same fields and, having
+rollouts to write, `samples_every` (`RunLoggingConfig`)."""
 
 from __future__ import annotations
 
@@ -10,21 +12,12 @@ from grooves.config.base import Section
 
 
 class LoggingConfig(Section):
-    samples_every: int = Field(1, ge=1)
-    """Write all trajectories of every K-th step to samples/."""
-    checkpoint_every: int = Field(1, ge=1)
-    """Checkpoint every K steps; resume loses at most K-1 steps."""
-    keep_checkpoints: int = Field(3, ge=1)
-    """Checkpoints kept on disk: the newest K stay, older ones are deleted as new ones are written
-    (except the best, below)."""
-    keep_best_by: str = "val/success_rate"
-    """A metrics.jsonl key (a validation metric): the checkpoint whose step scored best on it is
-    kept besides the newest `keep_checkpoints`, so `--select best` still finds it. Only steps that
-    are both validated and checkpointed count. "" keeps no best."""
-    keep_best_mode: Literal["max", "min"] = "max"
-    """Whether a higher (`max`) or lower (`min`) `keep_best_by` is better."""
+    """The `[logging]` of `grooves sft`, and what `grooves train`'s shares with it."""
+
     progress: bool = True
-    """Progress bars on a terminal; one line per step when the output is not a terminal (a log file)."""
+    """Progress bars on a terminal. Without bars (false, or output that is not a terminal, such as a
+    log file) the run writes one line per step, and a heartbeat line every minute while a step's
+    rollouts or a validation run, so a long run is never silent."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     """Experiment trackers that mirror each step's metrics, the resolved config and the sample
     tables, through their own libraries (optional extras: `pip install 'grooves[trackers]'`).
@@ -41,3 +34,11 @@ class LoggingConfig(Section):
         if len(set(value)) != len(value):
             raise ValueError("names a tracker twice; list each once")
         return value
+
+
+class RunLoggingConfig(LoggingConfig):
+    """The `[logging]` of `grooves train`."""
+
+    samples_every: int = Field(1, ge=1)
+    """Write all trajectories of every K-th step to samples/ (validation's are written at every
+    validation)."""

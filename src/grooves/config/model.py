@@ -97,12 +97,3 @@ class VllmConfig(Section):
     """Memory vLLM's KV cache takes, in GiB. Unset: what `gpu_memory_utilization` leaves after the
     weights on a GPU, and 1 GiB on vLLM's CPU build (whose `gpu_memory_utilization` would be a share
     of the machine's RAM: 0.3 of 24 GiB). 1 GiB holds ~23,000 tokens of SmolLM2-135M in float32."""
-
-
-RETIRED_FIELDS = {  # replaced by `fast`; a field that moved keeps its line here
-    "model.merge_lora_for_sampling": 'replaced by model.fast ("on" folds the adapter for sampling, "off" samples through peft\'s layers); see docs/speed.md',
-    "model.fused_decode": 'replaced by model.fast ("on" decodes with the fused forward, "off" with transformers\' forward); see docs/speed.md',
-    "model.matmul_forms": 'replaced by model.fast ("timed" times the output head as timed_head did; "on" is fixed); see docs/speed.md',
-    "model.reuse_freed_memory": 'replaced by model.fast ("on" keeps freed blocks for reuse, "off" keeps glibc\'s defaults); see docs/speed.md',
-}
-"""Settings that were replaced, and by what; a run file that still sets one is told so on one line."""

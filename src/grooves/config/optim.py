@@ -11,10 +11,15 @@ from grooves.config.base import Section
 
 
 class AdamWConfig(Section):
-    """The optimizer's settings both trainers share (RL's `OptimConfig`, SFT's `SftOptimConfig`)."""
+    """The optimizer's settings both trainers share: `grooves sft`'s `[optim]`, and the base of RL's
+    `OptimConfig`."""
 
-    lr: float = Field(5e-5, gt=0)
-    """AdamW learning rate. LoRA wants ~1e-5..1e-4, not full fine-tuning's 1e-6; at most 1."""
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate. 2e-4 is what the capitals demo learns with, in RL (LoRA rank 8 on a 135M
+    model, benchmarks/results/README.md; 5e-5 learned nothing in 20 steps of a strict-format task) and in SFT
+    (16 steps reached 0.778 held-out success, 1e-4 0.704); the corpus_search demonstrations were
+    trained at 5e-4. LoRA wants ~1e-5..1e-3, not full fine-tuning's 1e-6: lower it for larger
+    models or ranks. At most 1: past it every step blows the adapter up."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW decoupled weight decay on the LoRA weights; 0: none."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -60,14 +65,10 @@ class AdamWConfig(Section):
 
 
 class OptimConfig(AdamWConfig):
-    """An RL run's `[optim]`."""
+    """An RL run's `[optim]`: AdamW's settings, the micro-batch size chosen from free memory when
+    unset, gradient checkpointing and what a non-finite step does."""
 
-    lr: float = Field(2e-4, gt=0)
-    """AdamW learning rate. 2e-4 is what the capitals demo learns with (LoRA rank 8 on a 135M model,
-    benchmarks/results/README.md); 5e-5 learned nothing in 20 steps of a strict-format task. Lower it for
-    larger models or ranks. At most 1: past it every step blows the adapter up."""
-
-    micro_batch_tokens: int | None = Field(None, ge=16)
+    micro_batch_tokens: int | None = Field(None, ge=16)  # type: ignore[assignment]  # RL may leave it unset
     """Tokens per forward/backward (memory bound); a step accumulates micro-batches into one update.
     A row's attention memory grows with its length squared and is counted as tokens too
     (`training.memory.pair_tokens`), so a micro-batch holds fewer long rows than short ones.

@@ -1,4 +1,11 @@
-"""The `[rollout]` section: how rollouts are sampled and where they run."""
+"""The `[rollout]` section: how rollouts are sampled and where they run; `[ray]`: how the Ray
+runner (`rollout.runner = "ray"`) is deployed.
+
+Ray's deployment settings are a section of their own beside `[rollout]`, as vLLM's are beside
+`[model]` (`[vllm]`, used when `model.backend = "vllm"`): `[rollout]` says what a rollout is and
+which runner runs it, and is the same on a laptop and a cluster; `[ray]` says where the cluster
+is and how many workers it runs, which only the Ray runner reads.
+"""
 
 from __future__ import annotations
 
@@ -50,14 +57,7 @@ class RolloutConfig(Section):
     runner: Literal["local", "ray"] = "local"
     """Where rollouts run. local: in this process (asyncio), enough while the policy is the bottleneck.
     ray: in Ray actors that call the policy over HTTP, for environments that need more CPU than one
-    process (or more machines); needs `pip install 'grooves[ray]'`."""
-    ray_address: str | None = None
-    """`ray.init(address=...)` for runner = "ray": unset starts a local Ray; `auto` or `ray://host:10001` joins a cluster."""
-    ray_workers: int = Field(2, ge=1)
-    """Rollout actors for runner = "ray"; each runs many rollouts at once (asyncio), so a few per machine suffice."""
-    server_host: str = "127.0.0.1"
-    """Where the policy's HTTP server listens for Ray workers: 127.0.0.1 on one machine; 0.0.0.0 on a
-    cluster (workers then call this node's IP)."""
+    process (or more machines), deployed as `[ray]` says; needs `pip install 'grooves[ray]'`."""
 
     @model_validator(mode="after")
     def _staleness_runner(self):
@@ -74,3 +74,15 @@ class RolloutConfig(Section):
                 "rollout.refill_zero_variance needs max_staleness = 0 (refills draw after the step's own scenarios)"
             )
         return self
+
+
+class RayConfig(Section):
+    """Where the Ray runner's workers run (`rollout.runner = "ray"`, `grooves.scale`); unused otherwise."""
+
+    address: str | None = None
+    """`ray.init(address=...)`: unset starts a local Ray; `auto` or `ray://host:10001` joins a cluster."""
+    workers: int = Field(2, ge=1)
+    """Rollout actors; each runs many rollouts at once (asyncio), so a few per machine suffice."""
+    server_host: str = "127.0.0.1"
+    """Where the policy's HTTP server listens for the workers: 127.0.0.1 on one machine; 0.0.0.0 on a
+    cluster (workers then call this node's IP)."""

@@ -1,8 +1,8 @@
 """The run file of `grooves train`: one TOML file describes a training run.
 
 Every field has a docstring saying what it trades off; each section lives in a module of this
-package (`model`, `rollout`, `algorithm`, `optim`, `validation`, `logging`, `tasks`, `watch`) and
-`RunConfig` puts them together. Unknown fields, wrong types and impossible values fail at load
+package (`model`, `rollout`, `algorithm`, `optim`, `validation`, `logging`, `checkpoint`, `tasks`,
+`watch`, `judge`, `sft`) and `RunConfig` puts them together; `retired` says where a moved field went. Unknown fields, wrong types and impossible values fail at load
 time with one line naming the field, the value and what is allowed (`base.validate`); the
 trainer only ever reads the resolved config, which is written to the run directory and saved with
 every checkpoint. At the start of a run, `check.check_against_model` checks the fields that
@@ -17,11 +17,13 @@ from pydantic import Field, field_validator, model_validator
 
 from grooves.config.algorithm import AlgorithmConfig
 from grooves.config.base import Section, dump, read_run_file, validate
+from grooves.config.checkpoint import CheckpointConfig
 from grooves.config.judge import RunJudgeConfig
-from grooves.config.logging import LoggingConfig
-from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig, VllmConfig
+from grooves.config.logging import RunLoggingConfig
+from grooves.config.model import LoraConfig, ModelConfig, VllmConfig
 from grooves.config.optim import OptimConfig
-from grooves.config.rollout import RolloutConfig
+from grooves.config.retired import RETIRED_FIELDS
+from grooves.config.rollout import RayConfig, RolloutConfig
 from grooves.config.sft import SftStageConfig
 from grooves.config.tasks import TaskEntry, TaskOptions
 from grooves.config.validation import ValidationConfig
@@ -50,10 +52,12 @@ class RunConfig(Section):
     lora: LoraConfig = LoraConfig()
     rollout: RolloutConfig = RolloutConfig()
     vllm: VllmConfig = VllmConfig()
+    ray: RayConfig = RayConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     validation: ValidationConfig = ValidationConfig()
-    logging: LoggingConfig = LoggingConfig()
+    logging: RunLoggingConfig = RunLoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     watch: WatchConfig = WatchConfig()
     """Reward-hacking detectors and inspection pages (see grooves.watch)."""
     sft: SftStageConfig | None = None

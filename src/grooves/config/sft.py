@@ -1,57 +1,36 @@
 """The run file of `grooves sft`: the same sections and parsing as an RL run file, with SFT's own.
 
-`[model]` and `[lora]` are the RL run file's sections (the policy is built the same way), `[optim]`
-extends the same AdamW settings with SFT's default learning rate, and the top level names the
-data; `[validation]` and `[logging]` say what SFT validates and writes. A bad field is one line
-naming it, exactly as in `grooves train`.
+`[model]`, `[lora]`, `[optim]` (AdamW's settings), `[validation]`, `[logging]` and `[checkpoint]`
+are the sections `grooves train` reads, and mean the same there; the top level names the data
+and, as in `grooves train`, the `task` whose validation split scores the adapter. Where SFT's
+defaults differ (validation only at both ends, a checkpoint every 10 steps: `SFT_DEFAULTS`), a
+field the file leaves out takes SFT's. A bad field is one line naming it, exactly as in
+`grooves train`, and a moved one says where it went (`retired`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from grooves.config.base import Section, read_run_file, validate
-from grooves.config.model import RETIRED_FIELDS, LoraConfig, ModelConfig
+from grooves.config.checkpoint import CheckpointConfig
+from grooves.config.logging import LoggingConfig
+from grooves.config.model import LoraConfig, ModelConfig
 from grooves.config.optim import AdamWConfig
+from grooves.config.retired import SFT_RETIRED_FIELDS
 from grooves.config.tasks import TaskOptions
+from grooves.config.validation import ValidationConfig
 
-
-class SftOptimConfig(AdamWConfig):
-    lr: float = Field(2e-4, gt=0)
-    """AdamW learning rate. On capitals, 16 steps at 2e-4 reached 0.778 held-out success and 1e-4
-    0.704 (benchmarks/results/README.md); the corpus_search demonstrations
-    were trained at 5e-4 (examples/agents/corpus_search_sft.toml)."""
-
-
-class SftValidationConfig(Section):
-    task: str | None = None
-    """A task (as in `grooves train`) whose validation split scores the adapter; unset: no validation."""
-    task_options: TaskOptions = {}
-    """Passed to the validation task's constructor."""
-    every: int = Field(0, ge=0)
-    """Validate every K steps (0 = only before the first and after the last step)."""
-    scenarios: int = Field(32, ge=1)
-    """Validation scenarios scored (the first of the task's validation split)."""
-    temperature: float = Field(0.7, ge=0, le=2)
-    """Sampling temperature of validation rollouts."""
-    max_tokens: int = Field(64, ge=1)
-    """Per-turn completion budget of validation rollouts."""
-
-
-class SftLoggingConfig(Section):
-    checkpoint_every: int = Field(10, ge=1)
-    """Steps between checkpoints (and always after the last)."""
-    keep_checkpoints: int = Field(3, ge=1)
-    """Checkpoints kept on disk; older ones are deleted as new ones are written, except the best (below)."""
-    keep_best_by: str = "val/success_rate"
-    """As in `grooves train`: the best checkpoint by this validation metric is kept too ("" = none)."""
-    keep_best_mode: Literal["max", "min"] = "max"
-    """Whether a higher (`max`) or lower (`min`) `keep_best_by` is better."""
-    progress: bool = True
-    """Progress bars on the terminal; false for logs and CI."""
+SFT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "validation": {"every": 0, "max_tokens": 64},
+    "checkpoint": {"every": 10},
+}
+"""`grooves sft`'s defaults where they differ from `grooves train`'s, {section: {field: value}}:
+an SFT run is short and cheap to repeat, so it validates only before the first and after the last
+step, checkpoints every 10 steps, and (having no `[rollout]`) gives validation turns 64 tokens."""
 
 
 class SftConfig(Section):
@@ -69,11 +48,28 @@ class SftConfig(Section):
     """Passes over the data; ignored when `steps` is set."""
     steps: int | None = Field(None, ge=1)
     """Optimizer steps; default ceil(epochs x chats / batch_size)."""
+    task: str | None = None
+    """A task (as in `grooves train`) whose validation split scores the adapter; unset: no validation."""
+    task_options: TaskOptions = {}
+    """Passed to the validation task's constructor."""
     model: ModelConfig = ModelConfig()
     lora: LoraConfig = LoraConfig()
-    optim: SftOptimConfig = SftOptimConfig()
-    validation: SftValidationConfig = SftValidationConfig()
-    logging: SftLoggingConfig = SftLoggingConfig()
+    optim: AdamWConfig = AdamWConfig()
+    validation: ValidationConfig = ValidationConfig(**SFT_DEFAULTS["validation"])
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(**SFT_DEFAULTS["checkpoint"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sft_defaults(cls, data: Any) -> Any:
+        """A section the file gives as a table takes SFT's defaults for the fields it leaves out."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for section, defaults in SFT_DEFAULTS.items():
+            if isinstance(data.get(section), dict):
+                data[section] = {**defaults, **data[section]}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -108,7 +104,7 @@ class SftStageConfig(Section):
 
 def parse_sft_config(data: dict) -> SftConfig:
     """A parsed SFT run file as an `SftConfig`; `ConfigError` names each bad field."""
-    return validate(SftConfig, data, retired=RETIRED_FIELDS)
+    return validate(SftConfig, data, retired=SFT_RETIRED_FIELDS)
 
 
 def load_sft_config(path: str | Path | None, overrides: dict | None = None) -> SftConfig:

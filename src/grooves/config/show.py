@@ -67,7 +67,7 @@ def annotated_toml(config: BaseModel) -> str:
 
 def _emit(model: BaseModel, path: list[str], lines: list[str]) -> None:
     fields = type(model).model_fields
-    tables = []
+    tables: list[tuple[str, BaseModel | None, str]] = []
     for name, info in fields.items():
         value = getattr(model, name)
         doc = one_line(info.description)

@@ -35,7 +35,8 @@ def token_logprobs(
     entropy[:, t] = -sum_v p_v log p_v of that same distribution. Both are 0 at the first
     position of every sequence (nothing predicts it; it is never a sampled token).
     """
-    embed = model.get_input_embeddings().weight
+    # a transformers model's method (nn.Module's attribute lookup is typed Tensor | Module)
+    embed = model.get_input_embeddings().weight  # type: ignore[operator]
     batch = batch.to(embed.device)
     temps = _token_temperatures(batch, temperature)  # [B, T] or None (1 everywhere)
     logits = model(
@@ -194,7 +195,8 @@ def shared_prefix_logprobs(
     rows, width = batch.input_ids.shape
     if not 0 < prefix_len < width:
         raise ValueError(f"prefix_len must be in 1..{width - 1}, got {prefix_len}")
-    embed = model.get_input_embeddings().weight
+    # a transformers model's method (nn.Module's attribute lookup is typed Tensor | Module)
+    embed = model.get_input_embeddings().weight  # type: ignore[operator]
     batch = batch.to(embed.device)
     prefix = batch.input_ids[:1, :prefix_len]  # [1, P]
     if not bool((batch.input_ids[:, :prefix_len] == prefix).all()):

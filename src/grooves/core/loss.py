@@ -296,39 +296,66 @@ def compute_loss(
     The mismatch stats measure sampler against trainer on a batch's first optimizer step;
     on later steps of the same batch they also include the policy's own change.
     """
-    if policy_loss not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {policy_loss!r}; allowed: {', '.join(sorted(POLICY_LOSSES))}")
-    if beta != 0.0 and lp_ref is None:
+    settings = Loss(
+        policy_loss=policy_loss,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        aggregation=aggregation,
+        max_completion_tokens=max_completion_tokens,
+        beta=beta,
+        kl_kind=kl_kind,
+        rollouts_per_step=num_rollouts,
+        tis_cap=tis_cap,
+    )
+    counts = {"num_sequences": num_sequences, "num_tokens": num_tokens}
+    return _loss_and_stats(settings, lp, lp_old, adv, mask, seq_ids, counts, lp_ref, lp_train_old)
+
+
+def _loss_and_stats(
+    settings: Loss,
+    lp: torch.Tensor,
+    lp_old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    seq_ids: torch.Tensor,
+    counts: dict[str, int | None],
+    lp_ref: torch.Tensor | None,
+    lp_train_old: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`compute_loss` on settings already checked (a `Loss` checks its own when built); only the
+    tensors this call passes are checked against them here."""
+    s = settings
+    if s.beta != 0.0 and lp_ref is None:
         raise ValueError(
-            f"beta={beta} needs reference logprobs lp_ref (the reference policy's); pass them or set beta=0"
+            f"beta={s.beta} needs reference logprobs lp_ref (the reference policy's); pass them or set beta=0"
         )
-    if tis_cap is not None and not tis_cap >= 1.0:
-        raise ValueError(f"tis_cap={tis_cap}: the truncation C must be >= 1 (a weight of 1 is no correction)")
-    if lp_train_old is not None and tis_cap is None:
+    if lp_train_old is not None and s.tis_cap is None:
         raise ValueError("lp_train_old is the old policy of truncated importance sampling: it needs tis_cap")
     ratio_old = lp_old  # [B, T]: the old policy's logprobs, the sampler's without TIS
-    if tis_cap is not None:
+    if s.tis_cap is not None:
         ratio_old = lp.detach() if lp_train_old is None else lp_train_old.detach()  # pi_train_old's
-    out = POLICY_LOSSES[policy_loss](lp, ratio_old, adv, mask, seq_ids, eps_low=eps_low, eps_high=eps_high)
+    out = POLICY_LOSSES[s.policy_loss](
+        lp, ratio_old, adv, mask, seq_ids, eps_low=s.eps_low, eps_high=s.eps_high
+    )
     token_loss = out.loss  # [B, T]
-    weight = None
-    if tis_cap is not None:
-        weight = tis_weight(ratio_old, lp_old, mask, tis_cap)  # [B, T]
+    weight, cap = None, s.tis_cap
+    if cap is not None:
+        weight = tis_weight(ratio_old, lp_old, mask, cap)  # [B, T]
         token_loss = weight * token_loss
-    counts = {"num_sequences": num_sequences, "num_tokens": num_tokens, "num_rollouts": num_rollouts}
-    policy_part = aggregate(token_loss, mask, seq_ids, aggregation, max_completion_tokens, **counts)
+    counts = {**counts, "num_rollouts": s.rollouts_per_step}
+    policy_part = aggregate(token_loss, mask, seq_ids, s.aggregation, s.max_completion_tokens, **counts)
     total = policy_part
     stats = _ratio_stats(lp.detach(), lp_old, mask, out.clipped)
-    if weight is not None:
+    if weight is not None and cap is not None:
         stats["tis_weight_mean"] = _masked_mean(weight, mask)
-        stats["tis_capped_fraction"] = _masked_mean((weight >= tis_cap).float(), mask)
+        stats["tis_capped_fraction"] = _masked_mean((weight >= cap).float(), mask)
     stats["policy_loss"] = float(policy_part.detach())
     if lp_ref is not None:
         stats["kl_mean"] = _masked_mean(kl_penalty(lp.detach(), lp_ref, "k3", mask), mask)
-        if beta != 0.0:
-            kl = kl_penalty(lp, lp_ref, kl_kind, mask)  # [B, T]
-            kl_part = aggregate(kl, mask, seq_ids, aggregation, max_completion_tokens, **counts)
-            total = total + beta * kl_part
+        if s.beta != 0.0:
+            kl = kl_penalty(lp, lp_ref, s.kl_kind, mask)  # [B, T]
+            kl_part = aggregate(kl, mask, seq_ids, s.aggregation, s.max_completion_tokens, **counts)
+            total = total + s.beta * kl_part
             stats["kl_loss"] = float(kl_part.detach())
     return total, stats
 
@@ -352,6 +379,9 @@ class Loss:
     for), `tis_cap` (None: no importance correction) and the step's `counts` (None: this batch's
     own). `lp_ref` is needed when `beta` > 0; `lp_train_old` (with `tis_cap`) where tokens were
     sampled by an earlier adapter version than the one trained.
+
+    The settings are checked here, once, when the loss is built (a one-line ValueError naming the
+    setting and what is allowed); `compute_loss` builds one from its keywords.
     """
 
     policy_loss: str
@@ -375,6 +405,10 @@ class Loss:
             )
         if self.kl_kind not in get_args(KLKind):
             raise ValueError(f"unknown KL estimator {self.kl_kind!r}; allowed: {', '.join(get_args(KLKind))}")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            raise ValueError(
+                f"tis_cap={self.tis_cap}: the truncation C must be >= 1 (a weight of 1 is no correction)"
+            )
 
     @property
     def needs_reference(self) -> bool:
@@ -394,26 +428,10 @@ class Loss:
         lp_ref: torch.Tensor | None = None,
         lp_train_old: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        return compute_loss(
-            lp,
-            lp_old,
-            adv,
-            mask,
-            seq_ids,
-            policy_loss=self.policy_loss,
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            aggregation=self.aggregation,
-            max_completion_tokens=self.max_completion_tokens,
-            lp_ref=lp_ref,
-            beta=self.beta,
-            kl_kind=self.kl_kind,
-            num_sequences=counts.num_sequences if counts else None,
-            num_tokens=counts.num_tokens if counts else None,
-            num_rollouts=self.rollouts_per_step,
-            tis_cap=self.tis_cap,
-            lp_train_old=lp_train_old,
+        step: dict[str, int | None] = (
+            dict(counts._asdict()) if counts else {"num_sequences": None, "num_tokens": None}
         )
+        return _loss_and_stats(self, lp, lp_old, adv, mask, seq_ids, step, lp_ref, lp_train_old)
 
 
 def build_loss(

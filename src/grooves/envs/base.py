@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 Split = Literal["train", "validation", "test"]
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 """train: what a run samples and demonstrations come from; validation: what a run scores itself on
 between steps (so choices of learning rate or step count are tuned against it); test: held out
 from both, for a final measurement that no choice was tuned on. An environment may leave a split
@@ -210,8 +210,28 @@ class Environment(Protocol):
     def validate(self) -> ValidationReport: ...
 
 
+class GraderError(RuntimeError):
+    """An environment's grader raised or returned something other than a grade; the message is one
+    line naming the environment, the grader and the scenario. A rollout whose grading fails is a
+    failed rollout (recorded, counted, not trained on), as any rollout that raises."""
+
+
+def callable_name(fn: Any, fallback: str) -> str:
+    """A function's name for messages: `fallback` for a lambda or an object without one.
+
+    >>> callable_name(len, "x"), callable_name(lambda s, c: "", "bad[2]")
+    ('len', 'bad[2]')
+    """
+    inner = getattr(fn, "func", fn)  # a functools.partial
+    name = getattr(inner, "__name__", None)
+    return name if isinstance(name, str) and name != "<lambda>" else fallback
+
+
 class ValidationReport(BaseModel):
-    """The grader's proof: gold solutions score 1.0 and known-bad ones score low."""
+    """The grader's proof: gold solutions score 1.0 and known-bad ones low.
+
+    `print(report)` (and its repr) is `summary()`: one verdict line, then a line per solver.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -221,6 +241,11 @@ class ValidationReport(BaseModel):
     bad_scores: list[float]
     bad_threshold: float
     failures: list[str] = Field(default_factory=list)
+    gold_solver: str = "gold"
+    """The gold solver's function name."""
+    bad_solvers: dict[str, list[float]] = Field(default_factory=dict)
+    """Each known-bad solver's scores, by name (its function's name; `empty answer` and `echo of
+    the prompt` are the two every SQLite environment also plays), one per scenario it played."""
 
     @property
     def ok(self) -> bool:
@@ -230,7 +255,28 @@ class ValidationReport(BaseModel):
         worst_gold = min(self.gold_scores, default=float("nan"))
         worst_bad = max(self.bad_scores, default=float("nan"))
         verdict = "ok" if self.ok else f"{len(self.failures)} failures"
-        return (
+        lines = [
             f"{self.env}: {self.scenarios} scenarios, min gold {worst_gold:.3f}, "
             f"max bad {worst_bad:.3f} (threshold {self.bad_threshold}): {verdict}"
-        )
+        ]
+        if self.gold_scores:
+            full = sum(score >= 1.0 for score in self.gold_scores)
+            lines.append(
+                f"  gold solver {self.gold_solver}: 1.0 on {full} of {len(self.gold_scores)} scenarios "
+                "(it must score 1.0 on every one)"
+            )
+        if self.bad_solvers:
+            lines.append(f"  bad solvers, each must score <= {self.bad_threshold} on every scenario:")
+            for name, scores in self.bad_solvers.items():
+                over = sum(score > self.bad_threshold for score in scores)
+                above = f", above {self.bad_threshold} on {over}" if over else ""
+                lines.append(
+                    f"    {name}: max {max(scores, default=float('nan')):.3f} over {len(scores)}{above}"
+                )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return self.summary()

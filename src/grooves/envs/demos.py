@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grooves.envs.base import Environment, Scenario
+from grooves.envs.base import Environment, GraderError, Scenario
 from grooves.envs.sqlite import play
 
 PREFACES: tuple[str, ...] = ("", "Let me check.", "I'll look that up.", "One moment.")
@@ -101,11 +101,15 @@ def _demonstration(
             traj = play(episode, solver, scenario, rng=rng, prefaces=prefaces)
         except Exception as exc:  # a scripted solver's own failure (a lookup that found nothing): skip, count
             return None, True, f"{type(exc).__name__}: {exc}"
-        grade = episode.grade(traj)
+        try:
+            grade = episode.grade(traj)
+        except GraderError as exc:  # the grader's own failure on this chat: skip, count, say which
+            return None, True, str(exc)
     finally:
         episode.close()
     if grade.score < 1.0:
-        return None, False, f"scored {grade.score:.3f} ({'; '.join(grade.notes)})"
+        notes = f" ({'; '.join(grade.notes)})" if grade.notes else ""
+        return None, False, f"scored {grade.score:.3f}{notes}"
     return (
         {
             "messages": traj.messages,
@@ -131,7 +135,7 @@ def write_demonstrations(
     """Write `demonstrations(...)` to a JSONL file (one chat per line); returns the report.
 
     The file is written to `path.tmp` and renamed when complete, so a failed run leaves no
-    half-written demonstrations behind."""
+    half-written demonstrations behind; when no chat scores 1.0, nothing is written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     report = DemoReport(env.name, split, 0)
@@ -142,7 +146,8 @@ def write_demonstrations(
                 env, split, seed=seed, copies=copies, prefaces=prefaces, report=report
             ):
                 f.write(json.dumps(chat) + "\n")
-        tmp.replace(path)
+        if report.written:
+            tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
     return report

@@ -41,6 +41,7 @@ from grooves.envs.base import (
     Split,
     ValidationReport,
     as_messages,
+    callable_name,
     final_answer,
     parse_tool_call,
     tool_calls_made,
@@ -158,11 +159,12 @@ class _Connection:
     def close(self) -> None:
         if self._closed is None or self._task is None:
             return
+        closed, task = self._closed, self._task
 
         async def stop() -> None:
-            self._closed.set()
+            closed.set()
             try:
-                await asyncio.wait_for(self._task, 10)
+                await asyncio.wait_for(task, 10)
             except Exception:  # the server went away first: nothing left to close
                 pass
 
@@ -236,7 +238,7 @@ class McpEnvironment:
     env_server: bool = False
     """The server is `grooves env serve NAME --mcp`: scenarios, episodes and grades are its own."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.env_server and self.grade is None:
             raise ValueError("McpEnvironment needs a grader: grade=fn(McpGradeInput) -> Grade or float")
         for split, items in self.scenarios_by_split.items():
@@ -352,6 +354,8 @@ class McpEnvironment:
             bad_scores=bad_scores,
             bad_threshold=bad_threshold,
             failures=failures,
+            gold_solver=callable_name(self.gold, "gold"),
+            bad_solvers={"empty answer": bad_scores},
         )
 
     def close(self) -> None:

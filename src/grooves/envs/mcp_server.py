@@ -296,10 +296,11 @@ def serve_http(
     max_sessions: int = 512,
     max_body_bytes: int = 32 * 2**20,
 ) -> None:
-    """Serve the environment over Streamable HTTP at http://HOST:PORT/mcp (foreground)."""
+    """Serve the environment over Streamable HTTP at http://HOST:PORT/mcp (foreground); prints
+    `ready: MCP server for NAME at URL` on stderr once it answers."""
     import contextlib
 
-    import uvicorn
+    from grooves.envs.server import run_server
 
     server, store = build_server(env, ttl_s=ttl_s, max_sessions=max_sessions)
     app = server.streamable_http_app(
@@ -321,4 +322,4 @@ def serve_http(
                 store.close_all()
 
     app.router.lifespan_context = lifespan
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run_server(app, host=host, port=port, ready=f"MCP server for {env.name} at http://{host}:{port}/mcp")

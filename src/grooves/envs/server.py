@@ -307,8 +307,6 @@ def serve(
     max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
 ) -> None:
     """Run the service in the foreground (what `grooves env serve NAME` does)."""
-    import uvicorn
-
     app = create_app(
         env,
         ttl_s=ttl_s,
@@ -316,4 +314,23 @@ def serve(
         max_body_bytes=max_body_bytes,
         max_snapshot_bytes=max_snapshot_bytes,
     )
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    ready = (
+        f"environment {env.name} served at http://{host}:{port} (GET /env, GET /scenarios, POST /sessions)"
+    )
+    run_server(app, host=host, port=port, ready=ready, log_level="info")
+
+
+def run_server(app: Any, *, host: str, port: int, ready: str, log_level: str = "warning") -> None:
+    """Serve `app` with uvicorn in the foreground; `ready` is printed on stderr once the port is
+    bound and requests are answered (after the app's startup), so a script can wait for that line."""
+    import sys
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"ready: {ready}", file=sys.stderr, flush=True)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()

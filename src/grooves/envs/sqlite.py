@@ -23,11 +23,13 @@ from grooves.core.trajectory import Trajectory
 from grooves.envs.base import (
     SPLITS,
     Grade,
+    GraderError,
     Limits,
     Scenario,
     Split,
     ValidationReport,
     as_messages,
+    callable_name,
     final_answer,
     parse_tool_call,
     tool_calls_made,
@@ -45,6 +47,12 @@ class Call:
     and tool calls carry no text; played with `rng` (demonstrations), each answer is one phrasing
     drawn from the seeded `rng` and each tool call is introduced by one of `prefaces`, so a model
     trained on the chats learns the behaviour rather than one string.
+
+    `call` returns the tool's result parsed from JSON (a dict, a list, a number, ...). A call the
+    episode refuses returns the error the agent would read, never raises: `{"error": "refused",
+    "message": ...}` for a tool's `ToolError`, and the other kinds of the tool error table
+    (`unknown_tool`, `schema_violation`, `tool_crashed`, ...) alike, so a solver checks
+    `"error" in result` where a refusal is possible.
     """
 
     def __init__(
@@ -84,12 +92,23 @@ class Call:
 
 
 Solver = Callable[[Scenario, Call], str]
-"""A scripted agent: makes tool calls through `call` and returns its final answer."""
+"""A scripted agent, `solver(scenario, call) -> final answer`: it makes tool calls through `call`
+(in the order an agent would, each one recorded in the chat) and returns its final answer. It sees
+the whole scenario, `expected` included; a gold solver should pass tools only what an agent could
+know (the request, earlier results), so its chats make honest demonstrations."""
 
 
 @dataclass(frozen=True)
 class GradeInput:
-    """Everything a grader may look at: the end state, the untouched seed, and the chat."""
+    """Everything a grader may look at: the end state, the untouched seed, and the chat.
+
+    `state` is the episode's database as the agent left it (`state.one(sql, params)`,
+    `state.query(...)`, `state.conn`); `seed.connection` is the database every episode started
+    from, so `changed_keys(seed.connection, state.conn, table, key)` names the rows the agent
+    added, changed or deleted. `answer` is the final answer (the last assistant message, "" when
+    it called a tool); `calls` is every tool call made, as (name, parsed arguments), refused ones
+    included.
+    """
 
     scenario: Scenario
     state: SqliteState
@@ -109,13 +128,19 @@ class EnvSpec:
     build_seed: Callable[[sqlite3.Connection, int], None]
     """(empty connection, data seed): create the schema and rows."""
     make_scenarios: Callable[[sqlite3.Connection, int], list[Scenario]]
-    """(seed database, data seed): every scenario, each with `split` set."""
+    """(seed database, data seed): every scenario. Each is a JSON-able dict with `id` (a unique
+    string), `split` (train, validation or test) and `prompt` (the user's request, the only part
+    the agent sees); `assign_splits` adds `id`, `env` and `split`. Anything else is for the grader
+    and the solvers, by convention under `expected`, which is never sent to an agent or a client."""
     tools: Sequence[Tool]
     grade: Callable[[GradeInput], Grade]
+    """Scores an episode in [0, 1]: a `Grade` (score, parts logged as reward signals, notes) or a
+    float. Raising, or returning anything else, fails that rollout (`GraderError`)."""
     gold: Solver
+    """Solves every scenario: `validate()` requires 1.0 on each, and its chats are the demonstrations."""
     bad: Callable[[Scenario], list[Solver]]
     """Known-bad solvers for a scenario (besides the empty answer and an echo of the prompt,
-    which are always tried)."""
+    which are always tried): each must score at most 0.5 on every scenario it is given."""
     limits: Limits = Limits()
 
 
@@ -133,7 +158,7 @@ class SqliteEnvironment:
         self._limits = limits or spec.limits
         self.toolbox = ToolBox(spec.tools, self._limits)
         self.seed_db = SeedDatabase(self._build)
-        self._scenarios = spec.make_scenarios(self.seed_db.connection, seed)
+        self._scenarios = check_scenarios(spec.name, spec.make_scenarios(self.seed_db.connection, seed))
         self._by_id = {s["id"]: s for s in self._scenarios}
 
     def _build(self, conn: sqlite3.Connection) -> None:
@@ -173,32 +198,117 @@ class SqliteEnvironment:
         return LocalEpisode(self, trusted, state)
 
     def validate(self, splits: Sequence[Split] = SPLITS, bad_threshold: float = 0.5) -> ValidationReport:
-        """Play the gold solver (must score 1.0) and every bad solver (must score <= threshold).
+        """Play the gold solver (must score 1.0) and every bad solver (must score <= threshold) on
+        every scenario of `splits`; the report names each solver and each failure.
 
         Besides each environment's own bad solvers, two are always tried: an empty answer, and
         an answer that repeats the prompt with no tool calls (a grader that credits ids or
-        words the request itself contains would reward parroting).
+        words the request itself contains would reward parroting). A solver or grader that
+        raises is a failure naming it, and the validation goes on.
         """
-        gold_scores, bad_scores, failures = [], [], []
+        gold_name = callable_name(self.spec.gold, "gold")
+        gold_scores: list[float] = []
+        bad_solvers: dict[str, list[float]] = {}
+        failures: list[str] = []
         scenarios = [s for split in splits for s in self.scenarios(split)]
         for sc in scenarios:
-            gold = _score(self, sc, self.spec.gold)
-            gold_scores.append(gold.score)
-            if gold.score < 1.0:
-                failures.append(f"{sc['id']}: gold scored {gold.score:.3f} ({'; '.join(gold.notes)})")
-            for i, solver in enumerate([_empty_answer, _echo_prompt, *self.spec.bad(sc)]):
-                bad = _score(self, sc, solver)
-                bad_scores.append(bad.score)
-                if bad.score > bad_threshold:
-                    failures.append(f"{sc['id']}: bad solver {i} scored {bad.score:.3f}")
+            gold, problem = _prove(self, sc, self.spec.gold, f"gold solver {gold_name}")
+            gold_scores.append(gold.score if gold is not None else 0.0)
+            if problem:
+                failures.append(f"{sc['id']}: {problem}")
+            elif gold is not None and gold.score < 1.0:
+                notes = f" ({'; '.join(gold.notes)})" if gold.notes else ""
+                failures.append(
+                    f"{sc['id']}: gold solver {gold_name} scored {gold.score:.3f}, not 1.0{notes}"
+                )
+            for name, solver in self._bad_solvers(sc, failures):
+                bad, problem = _prove(self, sc, solver, f"bad solver {name}")
+                score = bad.score if bad is not None else 0.0
+                bad_solvers.setdefault(name, []).append(score)
+                if problem:
+                    failures.append(f"{sc['id']}: {problem}")
+                elif score > bad_threshold:
+                    failures.append(
+                        f"{sc['id']}: bad solver {name} scored {score:.3f}, above {bad_threshold}"
+                    )
         return ValidationReport(
             env=self.name,
             scenarios=len(scenarios),
             gold_scores=gold_scores,
-            bad_scores=bad_scores,
+            bad_scores=[score for scores in bad_solvers.values() for score in scores],
             bad_threshold=bad_threshold,
             failures=failures,
+            gold_solver=gold_name,
+            bad_solvers=bad_solvers,
         )
+
+    def _bad_solvers(self, scenario: Scenario, failures: list[str]) -> list[tuple[str, Solver]]:
+        """(name, solver) of the scenario's bad solvers: the two always tried, then the spec's."""
+        try:
+            own = list(self.spec.bad(scenario))
+        except Exception as exc:  # the author's code: a failure to report, not a crash
+            name = callable_name(self.spec.bad, "bad")
+            failures.append(f"{scenario['id']}: {name}(scenario) raised {type(exc).__name__}: {exc}")
+            own = []
+        named = [("empty answer", _empty_answer), ("echo of the prompt", _echo_prompt)]
+        return named + [(callable_name(fn, f"bad[{i}]"), fn) for i, fn in enumerate(own)]
+
+
+def check_scenarios(env_name: str, scenarios: Any) -> list[Scenario]:
+    """`scenarios` if each is a dict with a unique string `id`, a `split` of SPLITS and a string
+    `prompt`; else a ValueError naming the first that is not and what it lacks.
+
+    >>> check_scenarios("desk", [{"id": "desk-000", "split": "train"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: desk: make_scenarios: scenario 0 ('desk-000') has no 'prompt'; each scenario needs a string id, a split (train, validation or test) and a string prompt (assign_splits adds id, env and split)
+    """
+    need = (
+        "each scenario needs a string id, a split (train, validation or test) and a string prompt "
+        "(assign_splits adds id, env and split)"
+    )
+    if not isinstance(scenarios, list):
+        raise ValueError(
+            f"{env_name}: make_scenarios returned a {type(scenarios).__name__}, not a list; {need}"
+        )
+    seen: set[str] = set()
+    for i, sc in enumerate(scenarios):
+        where = f"{env_name}: make_scenarios: scenario {i}"
+        if not isinstance(sc, dict):
+            raise ValueError(f"{where} is a {type(sc).__name__}, not a dict; {need}")
+        where += f" ({sc['id']!r})" if "id" in sc else ""
+        for key in ("id", "split", "prompt"):
+            if key not in sc:
+                raise ValueError(f"{where} has no {key!r}; {need}")
+        if not isinstance(sc["id"], str) or not isinstance(sc["prompt"], str) or sc["split"] not in SPLITS:
+            raise ValueError(
+                f"{where}: id {sc['id']!r}, split {sc['split']!r}, prompt of type "
+                f"{type(sc['prompt']).__name__}; {need}"
+            )
+        if sc["id"] in seen:
+            raise ValueError(f"{where}: the id {sc['id']!r} is used twice; ids must be unique")
+        seen.add(sc["id"])
+    return scenarios
+
+
+def run_grader(grade: Callable[[Any], Any], inputs: Any, env_name: str, scenario: Scenario) -> Grade:
+    """`grade(inputs)` as a `Grade` (a float in [0, 1] is taken as the score); a `GraderError`,
+    one line naming the environment, the grader and the scenario, when it raises or returns
+    anything else."""
+    where = f"{env_name}: grader {callable_name(grade, 'grade')}"
+    try:
+        result = grade(inputs)
+    except Exception as exc:  # the author's grader: fails this rollout with a line that says so
+        raise GraderError(
+            f"{where} raised {type(exc).__name__}: {exc} (scenario {scenario.get('id')!r})"
+        ) from exc
+    if isinstance(result, Grade):
+        return result
+    if isinstance(result, int | float) and not isinstance(result, bool) and 0.0 <= result <= 1.0:
+        return Grade(score=float(result))
+    raise GraderError(
+        f"{where} returned {result!r} (scenario {scenario.get('id')!r}); return a Grade or a float in [0, 1]"
+    )
 
 
 def _empty_answer(scenario: Scenario, call: Call) -> str:
@@ -210,10 +320,18 @@ def _echo_prompt(scenario: Scenario, call: Call) -> str:
     return f"{scenario['prompt']} Done: that is not possible, it has been handled and confirmed."
 
 
-def _score(env: SqliteEnvironment, scenario: Scenario, solver: Solver) -> Grade:
+def _prove(env: SqliteEnvironment, scenario: Scenario, solver: Solver, who: str) -> tuple[Grade | None, str]:
+    """(grade, "") for a solver's chat, or (None, what failed) when the solver or the grader raised."""
     episode = env.reset(scenario)
     try:
-        return episode.grade(play(episode, solver, scenario))
+        try:
+            traj = play(episode, solver, scenario)
+        except Exception as exc:  # the author's solver: reported, and the validation goes on
+            return None, f"{who} raised {type(exc).__name__}: {exc}"
+        try:
+            return episode.grade(traj), ""
+        except GraderError as exc:
+            return None, f"{exc}, on the chat of the {who}"
     finally:
         episode.close()
 
@@ -292,7 +410,7 @@ class LocalEpisode:
             answer=final_answer(messages),
             calls=tool_calls_made(messages),
         )
-        return self.env.spec.grade(inputs)
+        return run_grader(self.env.spec.grade, inputs, self.env.name, self.scenario)
 
     def snapshot(self) -> bytes:
         return self.state.snapshot()

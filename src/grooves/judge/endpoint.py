@@ -206,13 +206,16 @@ class JudgeClient:
         self.usage.add(usage)
         self._step_usage.add(usage)
 
-    async def complete(self, messages: list[dict[str, str]]) -> Completion:
-        """One chat completion, retried on transient errors; raises JudgeError when out of retries."""
+    async def complete(self, messages: list[dict[str, str]], *, max_tokens: int | None = None) -> Completion:
+        """One chat completion, retried on transient errors; raises JudgeError when out of retries.
+
+        `max_tokens` caps this reply below the config's (a short question needs less room than a verdict).
+        """
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "temperature": self.config.temperature,
-            "max_tokens": self.config.max_tokens,
+            "max_tokens": min(max_tokens, self.config.max_tokens) if max_tokens else self.config.max_tokens,
         }
         if self.config.json_mode:
             request["response_format"] = {"type": "json_object"}

@@ -80,8 +80,8 @@ class GroupJudge:
             key,
         )
         verdicts: list[ItemVerdict | None] = [None] * len(texts)
-        for shown, original in enumerate(order):
-            verdicts[original] = by_id[ids[shown]]
+        for position, original in enumerate(order):
+            verdicts[original] = by_id[ids[position]]
         assert all(v is not None for v in verdicts)
         return [v for v in verdicts if v is not None]
 

@@ -9,7 +9,9 @@ bytes, so reformatting or commenting the TOML does not change it while any chang
 
 Each criterion is either categorical (`choices`, ordered worst to best; choice k of n is worth
 k/(n-1)) or numeric (the judge answers a number in [0, 1]). The total is the weighted mean of the
-criteria values, so it stays in [0, 1] whatever the weights.
+criteria values, so it stays in [0, 1] whatever the weights. A criterion marked `gate = true` is a
+hard failure: when its value is below 0.5 (on ["no", "yes"], a "no") the total is 0, whatever the
+other criteria say, because a weighted criterion can only pull the mean down, never veto it.
 
 Example (`examples/rubrics/helpful.toml`):
 
@@ -22,6 +24,12 @@ Example (`examples/rubrics/helpful.toml`):
     text = "Is the answer factually correct?"
     weight = 2.0
     choices = ["no", "partly", "yes"]
+
+    [[criteria]]
+    name = "no_invention"
+    text = "Does the response avoid inventing facts?"
+    choices = ["no", "yes"]
+    gate = true
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ class Criterion(BaseModel):
     choices: list[str] | None = None
     """Ordered labels, worst first (e.g. ["no", "partly", "yes"]). Labels are easier for a small judge
     than numbers and make its answers comparable across runs; None asks for a number in [0, 1]."""
+    gate: bool = False
+    """A hard failure: a value below 0.5 (the worst of ["no", "yes"]) sets the rubric's total to 0.
+    It still counts in the weighted mean when it passes. Use it for what must never happen; a
+    weighted criterion cannot outweigh the others, a gate can."""
 
     @field_validator("name")
     @classmethod
@@ -134,8 +146,15 @@ class Rubric(BaseModel):
 
     @property
     def content_hash(self) -> str:
-        """sha256 (first 12 hex digits) of the canonical JSON of the rubric's content."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 (first 12 hex digits) of the canonical JSON of the rubric's content.
+
+        `gate` enters only where it is set, so rubrics without gates keep the hash they had before
+        criteria could be gates."""
+        data = self.model_dump(mode="json")
+        for c in data["criteria"]:
+            if not c["gate"]:
+                del c["gate"]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
 
     @property
@@ -144,18 +163,66 @@ class Rubric(BaseModel):
         return f"{self.name}@{self.version}#{self.content_hash}"
 
     def total(self, values: dict[str, float]) -> float:
-        """Weighted mean of criterion values: sum_c w_c v_c / sum_c w_c, in [0, 1].
+        """Weighted mean of criterion values: sum_c w_c v_c / sum_c w_c, in [0, 1]; 0 when a gate
+        criterion's value is below 0.5.
 
         >>> r = Rubric(name="r", version="1", criteria=[
         ...     Criterion(name="a", text="a?", weight=3.0), Criterion(name="b", text="b?")])
         >>> r.total({"a": 1.0, "b": 0.0})
         0.75
+        >>> g = Rubric(name="g", version="1", criteria=[
+        ...     Criterion(name="a", text="a?", weight=3.0), Criterion(name="safe", text="s?", gate=True)])
+        >>> g.total({"a": 1.0, "safe": 1.0}), g.total({"a": 1.0, "safe": 0.0})
+        (1.0, 0.0)
         """
         missing = [c.name for c in self.criteria if c.name not in values]
         if missing:
             raise ValueError(f"missing criteria values: {', '.join(missing)}")
+        if self.closed_gates(values):
+            return 0.0
         weight = sum(c.weight for c in self.criteria)
         return sum(c.weight * values[c.name] for c in self.criteria) / weight
+
+    def closed_gates(self, values: dict[str, float]) -> list[str]:
+        """Names of the gate criteria whose value is below 0.5."""
+        return [c.name for c in self.criteria if c.gate and values.get(c.name, 1.0) < 0.5]
+
+    def to_toml(self) -> str:
+        """The rubric as a TOML file that `load_rubric` reads back to an equal rubric.
+
+        Weights are always written; `choices` when set; `gate` only where it is true.
+
+        >>> print(Rubric(name="r", version="1", instructions="Judge.", criteria=[
+        ...     Criterion(name="ok", text="Is it right?", choices=["no", "yes"], gate=True)]).to_toml())
+        name = "r"
+        version = "1"
+        instructions = "Judge."
+        <BLANKLINE>
+        [[criteria]]
+        name = "ok"
+        text = "Is it right?"
+        weight = 1.0
+        choices = ["no", "yes"]
+        gate = true
+        <BLANKLINE>
+        """
+        lines = [f"name = {_toml_str(self.name)}", f"version = {_toml_str(self.version)}"]
+        lines.append(f"instructions = {_toml_str(self.instructions)}")
+        for c in self.criteria:
+            lines += ["", "[[criteria]]", f"name = {_toml_str(c.name)}", f"text = {_toml_str(c.text)}"]
+            lines.append(f"weight = {c.weight!r}")
+            if c.choices is not None:
+                lines.append(f"choices = [{', '.join(_toml_str(x) for x in c.choices)}]")
+            if c.gate:
+                lines.append("gate = true")
+        text = "\n".join(lines) + "\n"
+        assert Rubric.model_validate(tomllib.loads(text)) == self, "to_toml must round-trip"
+        return text
+
+
+def _toml_str(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, except DEL, which TOML wants escaped."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 DEFAULT_RUBRIC = Rubric(
@@ -177,15 +244,27 @@ def load_rubric(path: str | Path) -> Rubric:
     if path.suffix.lower() != ".toml":
         raise RubricError(f"{path}: rubric files are TOML; rename it to *.toml (got suffix {path.suffix!r})")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise RubricError(f"rubric file not found: {path}") from exc
+    return parse_rubric(text, str(path))
+
+
+def parse_rubric(text: str, where: str = "rubric") -> Rubric:
+    """A rubric from TOML text, checked as `load_rubric` checks a file; errors start with `where`."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RubricError(f"{path}: not valid TOML: {exc}") from exc
+        raise RubricError(f"{where}: not valid TOML: {exc}") from exc
+    return rubric_from_data(data, where)
+
+
+def rubric_from_data(data: object, where: str = "rubric") -> Rubric:
+    """A rubric from parsed data; a RubricError names the first bad field and the fix."""
     try:
         return Rubric.model_validate(data)
     except ValidationError as exc:
-        raise RubricError(f"{path}: {_first_error(exc)}") from exc
+        raise RubricError(f"{where}: {_first_error(exc)}") from exc
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -193,7 +272,7 @@ def _first_error(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "rubric"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown field; allowed: name, version, instructions, [[criteria]] with name, text, weight, choices"
+        msg = "unknown field; allowed: name, version, instructions, [[criteria]] with name, text, weight, choices, gate"
     elif err["type"] == "missing":
         msg = "required field is missing"
     return f"{where}: {msg}"

@@ -65,15 +65,23 @@ class Policy(Protocol):
     """The model name clients send."""
     trainable: bool
     """It carries a LoRA adapter that an optimizer updates (else it only samples)."""
-    model: Any
-    """The peft model training differentiates and checkpoints; updated in place."""
+
+    @property
+    def model(self) -> Any:
+        """The peft model training differentiates and checkpoints; updated in place."""
+        ...
+
     tokenizer: Any
     generator: torch.Generator
     """The sampler's random generator (saved and restored with checkpoints)."""
     lock: threading.RLock
     """Held by a sampling batch and by an optimizer step, so the two never touch the weights at once."""
     prompts: PromptState
-    adapters: AdapterState
+
+    @property
+    def adapters(self) -> AdapterState:
+        """Its adapters (read-only here: each backend holds its own kind of `AdapterState`)."""
+        ...
 
     def generate(
         self,

@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -78,7 +78,16 @@ class GrammarFailed(RuntimeError):
         self.param = param
 
 
-LIMITS = {
+class _Limits(TypedDict):
+    max_items_in_row: int
+    initial_lexer_fuel: int
+    step_lexer_fuel: int
+    step_max_items: int
+    max_lexer_states: int
+    max_grammar_size: int
+
+
+LIMITS: _Limits = {
     "max_items_in_row": 2_000,
     "initial_lexer_fuel": 1_000_000,
     "step_lexer_fuel": 200_000,
@@ -244,7 +253,7 @@ def _call_schema(
                 "additionalProperties": False,
             }
         )
-    call = options[0] if len(options) == 1 else {"anyOf": options}
+    call: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     if defs:
         call = {"$defs": defs} | call
     return _with_options(
@@ -274,6 +283,7 @@ def request_grammar(
     key = getattr(syntax, "key", "arguments")
     if forced is not None:
         indices, multiple = forced
+        assert tools is not None  # `_forced_tools` refuses a forced call without tools
         multiple = multiple and parallel_tool_calls
         call, parts = _call_schema(tools, indices, key)
         lark = "start: tool_calls\n" + syntax.grammar(call, multiple=multiple, key=key)
@@ -288,7 +298,7 @@ def request_grammar(
         content = _json_rule(schema)
     else:
         content = syntax.text_lexeme()
-    if callable_tools:
+    if callable_tools and tools:  # `and tools`: implied, and narrows its type
         call, parts = _call_schema(tools, list(range(len(tools))), key)
         checks += [_schema_check(p, s) for p, s in parts]
         lark = (

@@ -26,7 +26,7 @@ from grooves.policy.tool_calls import ToolCallCounters
 from grooves.policy.tool_format import ParsedOutput, ToolFormat, tool_format_for
 
 if TYPE_CHECKING:
-    from grooves.policy.constraints import Constraint
+    from grooves.policy.constraints import Constraint, GrammarCompiler
 
 log = logging.getLogger("grooves.policy")
 
@@ -68,7 +68,7 @@ class PromptState:
         self.tool_format: ToolFormat = tool_format_for(tool_format, tokenizer.chat_template, tokenizer)
         self.tool_calls = ToolCallCounters()
         """Calls read from sampled text, and call-like blocks kept as text because they did not parse."""
-        self._grammars = None
+        self._grammars: GrammarCompiler | None = None
         """The grammar compiler for constrained decoding, built on first use (`constraint_for`)."""
         self.grammar_unavailable = grammar_unavailable
         """Why this policy's sampler cannot run a grammar (None: it can); a request that needs one is refused."""

@@ -247,17 +247,7 @@ def sample(
     `cancelled[i]()` is asked before each decode step: once True, prompt i's rows leave the batch
     (and its KV cache) like finished rows, with `finish_reason` "cancelled" and the tokens so far.
     """
-    if len(prompts) != len(params):
-        raise ValueError("prompts and params must have the same length")
-    if cancelled is not None and len(cancelled) != len(prompts):
-        raise ValueError("cancelled must have one entry per prompt")
-    for i, p in enumerate(params):
-        if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
-            raise ValueError(
-                f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
-            )
-        if not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"params[{i}].top_logprobs={p.top_logprobs} is outside [0, {MAX_TOP_LOGPROBS}]")
+    _check_requests(prompts, params, cancelled)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     # identical prompts (a group's rollouts sent as separate requests) are prefilled once
@@ -269,7 +259,57 @@ def sample(
     width = mask.shape[1]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, W]: padding must not shift positions
 
-    vocab = int(last_logits.shape[-1])
+    rows, expand = _make_rows(params, slot, vocab=int(last_logits.shape[-1]))
+    index = torch.tensor(expand, device=device)
+    if expand != list(range(len(distinct))):  # n = 1 of distinct prompts (agent turns) needs no copy
+        cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
+    logits = last_logits[index]  # [R, V]
+    decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
+    # the fused decoder emptied the prefill's cache as it copied it; the plain one decodes on it
+    del cache, last_logits
+    next_pos = positions[index, -1] + 1  # [R]
+    active = list(range(len(rows)))
+
+    while active:
+        tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
+        drawn = (tokens.tolist(), logps.tolist(), top)  # one device-to-host copy a step
+        gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
+        still = _take_step(tokenizer, params, [rows[a] for a in active], drawn, gone, eos_token_ids)
+        if not still:
+            break
+        if len(still) < len(active):
+            keep = torch.tensor(still, device=device)
+            decode.keep(keep)
+            next_pos, tokens = next_pos[keep], tokens[keep]
+        active = [active[j] for j in still]
+        logits = decode.step(tokens, next_pos)
+        next_pos = next_pos + 1
+
+    results: list[list[Completion]] = [[] for _ in prompts]
+    for row in rows:
+        results[row.request].append(_finish(tokenizer, row, eos_token_ids))
+    return results
+
+
+def _check_requests(
+    prompts: list[list[int]], params: list[SamplingParams], cancelled: Sequence[Callable[[], bool]] | None
+) -> None:
+    """Raise a one-line ValueError naming the bad argument or `params[i]` field."""
+    if len(prompts) != len(params):
+        raise ValueError("prompts and params must have the same length")
+    if cancelled is not None and len(cancelled) != len(prompts):
+        raise ValueError("cancelled must have one entry per prompt")
+    for i, p in enumerate(params):
+        if p.seed is not None and not SEED_MIN <= p.seed <= SEED_MAX:
+            raise ValueError(
+                f"params[{i}].seed={p.seed} is outside [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer)"
+            )
+        if not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"params[{i}].top_logprobs={p.top_logprobs} is outside [0, {MAX_TOP_LOGPROBS}]")
+
+
+def _make_rows(params: list[SamplingParams], slot: list[int], *, vocab: int) -> tuple[list[_Row], list[int]]:
+    """One row per sample (request i's n rows in order), and for each row its distinct prompt's slot."""
     rows: list[_Row] = []
     expand: list[int] = []
     for i, p in enumerate(params):
@@ -291,63 +331,53 @@ def sample(
                 )
             )
             expand.append(slot[i])
-    index = torch.tensor(expand, device=device)
-    if expand != list(range(len(distinct))):  # n = 1 of distinct prompts (agent turns) needs no copy
-        cache.reorder_cache(index)  # [U, ...] -> [R, ...]: the prefill is shared by the n samples
-    logits = last_logits[index]  # [R, V]
-    decode = decoder(model, cache, mask[index], width + max((r.max_tokens for r in rows), default=0))
-    # the fused decoder emptied the prefill's cache as it copied it; the plain one decodes on it
-    del cache, last_logits
-    next_pos = positions[index, -1] + 1  # [R]
-    active = list(range(len(rows)))
+    return rows, expand
 
-    while active:
-        tokens, logps, top = _sample_rows(logits, [rows[a] for a in active], generator)
-        token_list, logp_list = tokens.tolist(), logps.tolist()  # one device-to-host copy a step
-        gone = {i for i, c in enumerate(cancelled) if c()} if cancelled is not None else set()
-        still: list[int] = []
-        events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
-        for j, a in enumerate(active):
-            row = rows[a]
-            if row.request in gone:
-                row.finish = "cancelled"
-                continue
-            tok = token_list[j]
-            row.tokens.append(tok)
-            row.logprobs.append(logp_list[j])
-            if row.top_k:
-                row.top.append(top[j])
-            if tok in eos_token_ids:
-                row.finish = "stop"
-            elif row.stop and _hits_stop(tokenizer, row):
-                row.finish = "stop"
-            elif len(row.tokens) >= row.max_tokens:
-                row.finish = "length"
-            else:
-                still.append(j)
-                for hook in row.hooks:
-                    hook.advance(tok)
-            if row.on_tokens is not None:
-                done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
-                events.setdefault(row.request, []).append(
-                    TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done)
-                )
-        for request, step in events.items():
-            params[request].on_tokens(step)
-        if not still:
-            break
-        if len(still) < len(active):
-            keep = torch.tensor(still, device=device)
-            decode.keep(keep)
-            next_pos, tokens = next_pos[keep], tokens[keep]
-        active = [active[j] for j in still]
-        logits = decode.step(tokens, next_pos)
-        next_pos = next_pos + 1
 
-    results: list[list[Completion]] = [[] for _ in prompts]
-    for row in rows:
-        results[row.request].append(_finish(tokenizer, row, eos_token_ids))
-    return results
+def _take_step(
+    tokenizer,
+    params: list[SamplingParams],
+    rows: list[_Row],
+    drawn: tuple[list[int], list[float], list[list[tuple[int, float]]] | None],
+    gone: set[int],
+    eos_token_ids: set[int],
+) -> list[int]:
+    """Append this step's draw (tokens, logprobs, top logprobs: one per row) to the active rows, end the
+    rows that stopped or were cancelled, and stream the step to each request's `on_tokens`.
+    Returns the positions in `rows` that go on decoding."""
+    token_list, logp_list, top = drawn
+    still: list[int] = []
+    events: dict[int, list[TokenEvent]] = {}  # request -> this step's tokens, for `on_tokens`
+    for j, row in enumerate(rows):
+        if row.request in gone:
+            row.finish = "cancelled"
+            continue
+        tok = token_list[j]
+        row.tokens.append(tok)
+        row.logprobs.append(logp_list[j])
+        if row.top_k:
+            assert top is not None  # drawn with top logprobs whenever a row asks for them
+            row.top.append(top[j])
+        if tok in eos_token_ids:
+            row.finish = "stop"
+        elif row.stop and _hits_stop(tokenizer, row):
+            row.finish = "stop"
+        elif len(row.tokens) >= row.max_tokens:
+            row.finish = "length"
+        else:
+            still.append(j)
+            for hook in row.hooks:
+                hook.advance(tok)
+        if row.on_tokens is not None:
+            done = _finish(tokenizer, row, eos_token_ids) if row.finish else None
+            events.setdefault(row.request, []).append(
+                TokenEvent(row.index, tok, row.logprobs[-1], row.top[-1] if row.top_k else None, done)
+            )
+    for request, step in events.items():
+        on_tokens = params[request].on_tokens
+        if on_tokens is not None:  # events are only gathered for rows that stream
+            on_tokens(step)
+    return still
 
 
 MIN_SHARED_PREFILL = 32

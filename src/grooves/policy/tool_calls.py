@@ -200,7 +200,9 @@ _SPACE = re.compile(r"\s*")
 
 
 def _skip(text: str, i: int) -> int:
-    return _SPACE.match(text, i).end()
+    space = _SPACE.match(text, i)
+    assert space is not None  # \s* matches at every position
+    return space.end()
 
 
 def _cut_fields(text: str, i: int) -> tuple[dict[str, Any], str | None, str]:
@@ -291,6 +293,7 @@ def parse_tagged_cut(text: str, tools: list[dict[str, Any]] | None) -> ParsedOut
     if not tools:
         return parse_tagged(text, tools)
     start = text.rfind("<tool_call>")
+    found: list[dict[str, Any]] | None
     if start < 0 or "</tool_call>" in text[start:]:
         start = _safe_end(text, 0, "<tool_call>")  # the text ends inside the tag, or outside any block
         found, last = ([], "nameless") if start < len(text) else (None, "")
@@ -571,7 +574,8 @@ class CallStream:
         return out
 
     def _tagged(self, *, final: bool, cut: bool = False) -> tuple[str, list[dict[str, Any]]]:
-        content, calls = "", []
+        content = ""
+        calls: list[dict[str, Any]] = []
         while True:
             start = self.text.find("<tool_call>", self._sent)
             if start < 0:

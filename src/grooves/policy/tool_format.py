@@ -96,10 +96,12 @@ def _plain_content(message: dict[str, Any]) -> str:
 class SmolLM2ToolFormat:
     """Tools in the system prompt, calls as `<tool_call>[...]</tool_call>` (see module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.syntax: CallSyntax = SmolLM2Syntax()
 
-    def template_messages(self, messages, tools):
+    def template_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         out: list[dict[str, Any]] = []
         for m in messages:
             content = _plain_content(m)

@@ -42,9 +42,10 @@ def _load_base(base_model: str, dtype: str, device: str, attn_implementation: st
 
     path = resolve_model(base_model)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # transformers types `.to` through a wrapper whose __call__ takes the model as well
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-    ).to(device)
+    ).to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
 
@@ -104,6 +105,7 @@ def load_model(
         check_adapter_base(adapter_path, base_dir)  # another base's weights: a warning, see models.py
         with peft_wrapping():
             model = PeftModel.from_pretrained(model, str(adapter_path), is_trainable=lora is not None)
+        local_base(model, base_dir)
     elif lora is not None:
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
@@ -113,13 +115,28 @@ def load_model(
                 model,
                 PeftLoraConfig(
                     r=lora.rank,
-                    lora_alpha=lora.alpha,
+                    lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft says int; alpha / r takes a float
                     lora_dropout=lora.dropout,
                     target_modules=list(lora.target_modules),
                     task_type="CAUSAL_LM",
                 ),
             )
     return model, tokenizer
+
+
+def local_base(model, base_dir: str) -> None:
+    """Name the folder the base weights were loaded from as the base of every adapter of `model`.
+
+    A saved adapter records its base by Hub id (`models.record_adapter_base`), and peft keeps what it
+    loaded: saving the adapter again (every checkpoint of an RL run started from an SFT adapter)
+    then asks the Hub whether that id has a config.json, which on an offline machine is a failed
+    network call and three "Unable to fetch remote file" warnings per save. With the local folder
+    there peft finds the file on disk and makes no request; the checkpoint still records the Hub id
+    (`record_adapter_base`) beside the path and weights hash."""
+    if not Path(base_dir).is_dir():
+        return  # a hub id: peft may look it up, as transformers did to load it
+    for config in getattr(model, "peft_config", {}).values():
+        config.base_model_name_or_path = str(base_dir)
 
 
 class TransformersPolicy:

@@ -38,7 +38,7 @@ from grooves.remote.wire import to_records
 from grooves.rollouts.gather import RolloutFn, gather
 from grooves.rollouts.handle import ModelHandle
 
-SERVICE_SECTIONS = ("seed", "model", "lora", "rollout", "algorithm", "optim", "logging")
+SERVICE_SECTIONS = ("seed", "model", "lora", "rollout", "algorithm", "optim", "logging", "checkpoint")
 """The run-file fields a trainable model takes; the rest of a run file (the task, validation, the
 watch, steps) belongs to the user's loop."""
 _RETRY_STATUS = (502, 503, 504)
@@ -130,8 +130,8 @@ class TrainableModel:
         exist_ok: bool = False,
         **options,
     ) -> TrainableModel:
-        """Create `name` on the service with `config`'s model, lora, rollout, algorithm, optim and
-        logging sections and seed (a run file's path, its tables as a dict, or a `RunConfig`).
+        """Create `name` on the service with `config`'s model, lora, rollout, algorithm, optim,
+        logging and checkpoint sections and seed (a run file's path, its tables as a dict, or a `RunConfig`).
 
         `config`'s `rollout.max_staleness` is how many versions behind the live adapter a submitted
         turn may be (0: on-policy), the bound `grooves train` holds its steps to. `exist_ok`: a model of that name created with the same settings

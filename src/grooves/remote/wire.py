@@ -91,9 +91,9 @@ class TrainRequest(_Wire):
 def to_records(groups: Sequence[TrajectoryGroup]) -> list[dict[str, Any]]:
     """Groups as the JSON a training step sends; raises `ValueError` naming a turn that no
     adapter version tells where it came from (it was not sampled through the service)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for g, group in enumerate(groups):
-        trajectories = []
+        trajectories: list[dict[str, Any]] = []
         for t, traj in enumerate(group.trajectories):
             if traj.error is not None:
                 trajectories.append({"error": traj.error})

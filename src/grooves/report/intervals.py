@@ -72,3 +72,30 @@ def bootstrap_interval(
     tail = (1 - level) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return (float(low), float(high))
+
+
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+) -> dict[str, float | int]:
+    """A - B over paired scenarios: `a[i]` and `b[i]` are one scenario's figure (its success rate,
+    its mean reward) under two models on the same requests. The mean difference, its percentile
+    bootstrap 95% interval resampling scenarios (pairing takes each scenario's own difficulty out
+    of the comparison), and on how many scenarios A is better, worse or the same.
+
+    >>> d = paired_difference([1.0, 1.0, 0.5, 0.0], [0.0, 1.0, 0.5, 1.0])
+    >>> d["difference"], d["better"], d["worse"], d["same"]
+    (0.0, 1, 1, 2)
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired figures need the same scenarios: {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    low, high = bootstrap_interval([[d] for d in diffs], resamples=resamples, seed=seed)
+    return {
+        "difference": sum(diffs) / len(diffs) if diffs else math.nan,
+        "low": low,
+        "high": high,
+        "scenarios": len(diffs),
+        "better": sum(d > 0 for d in diffs),
+        "worse": sum(d < 0 for d in diffs),
+        "same": sum(d == 0 for d in diffs),
+    }

@@ -37,6 +37,7 @@ async def gather(
     description: str = "rollouts",
     seed_key: tuple[int, ...] = (),
     part: range | None = None,
+    heartbeat: float | None = None,
 ) -> list[TrajectoryGroup]:
     """Run `group_size` rollouts of each scenario, at most `concurrency` at a time.
 
@@ -54,6 +55,10 @@ async def gather(
     `part` runs only the rollouts whose flat index g * group_size + k is in it (a data-parallel
     rank's share, `training.distributed`): every group is returned, holding just those rollouts, with
     the seeds they have in the whole step.
+
+    `heartbeat` (seconds), without a progress bar: every that many seconds while rollouts are still
+    running, one line on stdout, `DESCRIPTION: D/N rollouts done after S s`, so a log shows a long
+    batch is alive.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -63,6 +68,7 @@ async def gather(
     total = len(flat)
     bar = _progress_bar(total, description) if progress else None
     done_rewards: list[float] = []
+    finished = [0]
 
     async def one(gi: int, k: int) -> Trajectory:
         handle = model.for_rollout(*seed_key, gi, k) if isinstance(model, ModelHandle) else model
@@ -76,6 +82,7 @@ async def gather(
                 last = traceback.format_exception_only(type(exc), exc)[-1].strip()
                 traj = Trajectory(error=last, metadata={"scenario": groups[gi].scenario})
             traj.metrics.setdefault("rollout_seconds", time.perf_counter() - t0)
+            finished[0] += 1
             if bar is not None:
                 if traj.error is None:
                     done_rewards.append(traj.reward)
@@ -85,13 +92,20 @@ async def gather(
             return traj
 
     tasks = [(i // group_size, asyncio.create_task(one(i // group_size, i % group_size))) for i in flat]
+    beat = (
+        asyncio.create_task(_heartbeat(heartbeat, description, finished, total))
+        if heartbeat is not None and bar is None and total
+        else None
+    )
     try:
         for gi, task in tasks:
             groups[gi].trajectories.append(await task)
     finally:
         # cancelled (Ctrl-C) or failed: no rollout outlives the call, so none is still sampling
         # when its caller closes the sampler, and none ends later with an error nobody reads
-        pending = [task for _, task in tasks if not task.done()]
+        pending: list[asyncio.Task[Any]] = [task for _, task in tasks if not task.done()]
+        if beat is not None:
+            pending.append(beat)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -113,6 +127,16 @@ def check_failures(groups: Sequence[TrajectoryGroup], max_failure_fraction: floa
         first = broken[0].error
         raise TooManyFailures(
             f"{failed}/{total} rollouts failed (limit {max_failure_fraction:.0%}); first error: {first}"
+        )
+
+
+async def _heartbeat(every: float, description: str, finished: list[int], total: int) -> None:
+    t0 = time.perf_counter()
+    while True:
+        await asyncio.sleep(every)
+        print(
+            f"{description}: {finished[0]}/{total} rollouts done after {time.perf_counter() - t0:.0f} s",
+            flush=True,
         )
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from grooves.config import RolloutConfig
+from grooves.config import RayConfig
 from grooves.rollouts.gather import RolloutFn
 
 
 class RolloutRunner(Protocol):
-    rollout: RolloutFn
-    """`async (model, scenario) -> Trajectory`, what `gather` calls once per rollout."""
+    @property
+    def rollout(self) -> RolloutFn:
+        """`async (model, scenario) -> Trajectory`, what `gather` calls once per rollout."""
+        ...
 
     def close(self) -> None: ...
 
@@ -33,12 +35,13 @@ class LocalRollouts:
         return None
 
 
-def start_rollouts(config: RolloutConfig, rollout: RolloutFn, policy: Any) -> RolloutRunner:
-    """The runner `config.runner` names, ready to use; `close()` it when the run ends."""
-    if config.runner == "local":
+def start_rollouts(runner: str, ray: RayConfig, rollout: RolloutFn, policy: Any) -> RolloutRunner:
+    """The runner `runner` (`rollout.runner`) names, ready to use, the Ray one deployed as `ray`
+    (the `[ray]` section) says; `close()` it when the run ends."""
+    if runner == "local":
         return LocalRollouts(rollout)
     from grooves.scale.ray_rollouts import RayRollouts
 
     return RayRollouts.start(
-        rollout, policy, address=config.ray_address, num_workers=config.ray_workers, host=config.server_host
+        rollout, policy, address=ray.address, num_workers=ray.workers, host=ray.server_host
     )

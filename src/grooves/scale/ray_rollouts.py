@@ -114,8 +114,9 @@ class RayRolloutRunner:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         _send_code_by_value(rollout)
         try:
+            # ray's stubs type the @ray.remote class as the class itself, without its actor methods
             self._workers = [
-                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url, api_key)
+                RolloutWorker.options(max_concurrency=max_concurrency).remote(rollout, base_url, api_key)  # type: ignore[attr-defined]
                 for _ in range(num_workers)
             ]
         except TypeError as exc:  # cloudpickle could not serialize the function or its task object

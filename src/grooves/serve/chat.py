@@ -66,16 +66,11 @@ def chat_router(
 
     @router.get("/v1/models")
     async def models():
-        data = [
-            {"id": r.name, "object": "model", "owned_by": "grooves", "created": 0}
-            | ({"parent": policy.served_name, "root": r.path} if r.name != policy.served_name else {})
-            for r in adapters.routes()
-        ]
-        return {"object": "list", "data": data}
+        return models_body(policy, adapters)
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        for entry in (await models())["data"]:
+        for entry in models_body(policy, adapters)["data"]:
             if entry["id"] == model_id:
                 return entry
         raise APIError(
@@ -87,18 +82,7 @@ def chat_router(
 
     @router.get("/health")
     async def health():
-        counters, calls = scheduler.counters, policy.prompts.tool_calls
-        return {
-            "status": "ok",
-            "models": adapters.names(),
-            "adapter_version": policy.adapters.version,
-            "sampler": {
-                "batches": counters.batches,
-                "failed_requests": counters.failed_requests,
-                "cancelled_requests": counters.cancelled_requests,
-            },
-            "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed, "cut": calls.cut},
-        }
+        return health_body(policy, scheduler, adapters)
 
     @router.post(
         "/v1/chat/completions",
@@ -107,51 +91,97 @@ def chat_router(
     async def chat(request: Request):
         # the body is read here, parsed and validated on a worker thread (`read_request`)
         req = await asyncio.to_thread(read_request, await request.body())
-        if req.model not in adapters.names():
-            raise APIError(
-                404,
-                f"model {req.model!r} is not served here; available: {adapters.names()}",
-                "model",
-                "model_not_found",
-            )
-        check_fields(req)
-        if req.n > max_n:
-            raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
-        max_tokens = req.max_completion_tokens or req.max_tokens or 256
-        if max_request_tokens is not None and req.n * max_tokens > max_request_tokens:
-            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-            raise APIError(
-                400,
-                f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
-                f"limit of {max_request_tokens} per request; lower n or {name}",
-                name,
-            )
-        messages, tools, prompt_ids, params = await asyncio.to_thread(prepare, policy, req, max_tokens)
+        max_tokens = check_request(req, adapters, max_n=max_n, max_request_tokens=max_request_tokens)
+        prepared = await asyncio.to_thread(prepare, policy, req, max_tokens)
         if req.stream:
-            return stream_completion(policy, scheduler, adapters, req, messages, tools, prompt_ids, params)
-        try:
-            with adapters.lease(
-                req.model
-            ) as route:  # the adapter stays loaded until this request is answered
-                version = adapters.version_of(route)
-                completions = await _sample_unless_gone(
-                    scheduler, request, prompt_ids, params, route.adapter_id
-                )
-        except UnknownModel as exc:  # removed while this request was being rendered
-            raise APIError(404, str(exc), "model", "model_not_found") from exc
-        body = await asyncio.to_thread(
-            _response, policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id
-        )
-        if meter is not None:
-            meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
-        log_answer(
-            req,
-            len(prompt_ids),
-            [(c, ch["finish_reason"]) for c, ch in zip(completions, body["choices"], strict=True)],
-        )
-        return body
+            return stream_completion(policy, scheduler, adapters, req, *prepared)
+        return await _answer(policy, scheduler, adapters, request, req, prepared, meter)
 
     return router
+
+
+def models_body(policy: Policy, adapters: ModelRoutes) -> dict[str, Any]:
+    """`/v1/models`: the base model and each named adapter (with its `parent` and `root` path)."""
+    data = [
+        {"id": r.name, "object": "model", "owned_by": "grooves", "created": 0}
+        | ({"parent": policy.served_name, "root": r.path} if r.name != policy.served_name else {})
+        for r in adapters.routes()
+    ]
+    return {"object": "list", "data": data}
+
+
+def health_body(policy: Policy, scheduler: BatchScheduler, adapters: ModelRoutes) -> dict[str, Any]:
+    """`/health`: the models served, the adapter version, the sampler's and tool-call parser's counters."""
+    counters, calls = scheduler.counters, policy.prompts.tool_calls
+    return {
+        "status": "ok",
+        "models": adapters.names(),
+        "adapter_version": policy.adapters.version,
+        "sampler": {
+            "batches": counters.batches,
+            "failed_requests": counters.failed_requests,
+            "cancelled_requests": counters.cancelled_requests,
+        },
+        "tool_calls": {"parsed": calls.parsed, "unparsed": calls.unparsed, "cut": calls.cut},
+    }
+
+
+def check_request(
+    req: ChatRequest, adapters: ModelRoutes, *, max_n: int, max_request_tokens: int | None
+) -> int:
+    """The request's max_tokens (256 unless it asks); a 404 for a model not served, a 400 for a field
+    this server does not implement or a request past the server's `max_n` / `max_request_tokens`."""
+    if req.model not in adapters.names():
+        raise APIError(
+            404,
+            f"model {req.model!r} is not served here; available: {adapters.names()}",
+            "model",
+            "model_not_found",
+        )
+    check_fields(req)
+    if req.n > max_n:
+        raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")
+    max_tokens = req.max_completion_tokens or req.max_tokens or 256
+    if max_request_tokens is not None and req.n * max_tokens > max_request_tokens:
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        raise APIError(
+            400,
+            f"n x {name} = {req.n} x {max_tokens} = {req.n * max_tokens} tokens is more than this server's "
+            f"limit of {max_request_tokens} per request; lower n or {name}",
+            name,
+        )
+    return max_tokens
+
+
+async def _answer(
+    policy: Policy,
+    scheduler: BatchScheduler,
+    adapters: ModelRoutes,
+    request: Request,
+    req: ChatRequest,
+    prepared: tuple,
+    meter: Callable[[str, int, int], None] | None,
+) -> dict[str, Any]:
+    """The whole chat completion of a prepared request (`prepare`'s messages, tools, prompt ids and
+    params), sampled with the adapter its `model` names, metered and logged."""
+    messages, tools, prompt_ids, params = prepared
+    try:
+        with adapters.lease(req.model) as route:  # the adapter stays loaded until this request is answered
+            version = adapters.version_of(route)
+            completions = await _sample_unless_gone(scheduler, request, prompt_ids, params, route.adapter_id)
+    except UnknownModel as exc:  # removed while this request was being rendered
+        raise APIError(404, str(exc), "model", "model_not_found") from exc
+    body = await asyncio.to_thread(
+        _response, policy, req, messages, tools, prompt_ids, completions, version, route.adapter_id
+    )
+    if meter is not None:
+        meter(req.model, len(prompt_ids), sum(len(c.token_ids) for c in completions))
+    log_answer(
+        req,
+        len(prompt_ids),
+        [(c, ch["finish_reason"]) for c, ch in zip(completions, body["choices"], strict=True)],
+    )
+    return body
 
 
 def read_request(body: bytes) -> ChatRequest:

@@ -2,21 +2,23 @@
 
 A task is anything with `scenarios(split)` and `async rollout(model, scenario)`; the trainer needs
 nothing else. Built-in tasks are looked up by name; your own by `package.module:object` (a Task
-instance, or a class/factory called with the run's `task_options`).
+instance, or a class/factory called with the run's `task_options`). An environment named there
+runs as an `EnvironmentTask` (`grooves.tasks.environment`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import sys
-import types
 from pathlib import Path
 from typing import Any, Protocol
 
 from grooves.core.trajectory import Trajectory
+from grooves.envs.base import Environment
+from grooves.envs.registry import NOT_AN_ENV, EnvLoadError, as_environment
+from grooves.envs.sqlite import EnvSpec
 from grooves.rollouts.handle import ModelHandle
+from grooves.usercode import UserCodeError, add_code_folder, describe_unusable, import_object
 
 
 class Task(Protocol):
@@ -50,19 +52,13 @@ def _builtin(name: str):
 
 BUILTIN_TASKS = ("capitals", "toy_tokens", "env:<environment>")
 
-_TASK_FOLDER: list[str] = []
-"""The folder `add_task_folder` last put on the import path (the run file's), named when an import fails."""
-
 
 def add_task_folder(folder: str | Path) -> None:
     """Put `folder` first on the import path, so `task = "mytask:MyTask"` finds a `mytask.py` there.
 
     `grooves train` and `grooves sft` call it with the run file's folder: a task module beside the
     run file imports without PYTHONPATH, wherever the command runs from."""
-    path = str(Path(folder).resolve())
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    _TASK_FOLDER[:] = [path]
+    add_code_folder(folder)
 
 
 class TaskLoadError(ValueError):
@@ -76,7 +72,11 @@ class TaskLoadError(ValueError):
 
 def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
     """Resolve a run file's `task` setting; raises `TaskLoadError` (one line) for a task that
-    cannot be imported or built and for options its constructor does not take."""
+    cannot be imported or built and for options its constructor does not take.
+
+    An environment named where a task is expected (an `EnvSpec`, an `Environment`, or a function
+    that returns one) runs as `EnvironmentTask(env)` with its defaults: the environment's own turn
+    limit and success at a grade of 1.0 (`task = "env:module:object"` takes those as options)."""
     options = dict(options or {})
     factory = _builtin(spec)
     if factory is None:
@@ -84,60 +84,68 @@ def load_task(spec: str, options: dict[str, Any] | None = None) -> Task:
             raise TaskLoadError(
                 f"task {spec!r} is not built in ({', '.join(BUILTIN_TASKS)}) nor a `module:object` path"
             )
-        module_name, _, attr = spec.partition(":")
-        if _is_stdlib(module_name):  # refused before importing anything
-            raise TaskLoadError(f"task {spec!r}: {module_name} is Python's standard library, {_NOT_A_TASK}")
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            folders = [f for f in _TASK_FOLDER if f in sys.path]
-            looked = f"the run file's folder ({folders[0]}), " if folders else ""
-            raise TaskLoadError(
-                f"task {spec!r}: cannot import {module_name}: {exc}; Python looked in {looked}the running "
-                "script's folder, PYTHONPATH and the installed packages: put the module beside the run file, "
-                "add its folder to PYTHONPATH, or pip install its package"
-            ) from exc
-        except Exception as exc:  # the module's own code failed while importing; say how, on one line
-            raise TaskLoadError(
-                f"task {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc}"
-            ) from exc
-        if not hasattr(module, attr):
-            raise TaskLoadError(
-                f"task {spec!r}: cannot import: module {module_name} has no attribute {attr!r}"
-            )
-        factory = getattr(module, attr)
+            factory = import_object(spec, "task", _NOT_A_TASK)
+        except UserCodeError as exc:
+            raise TaskLoadError(str(exc)) from exc
         problem = _not_a_task(factory)
         if problem:  # refused before calling it
             raise TaskLoadError(f"task {spec!r} is {problem}, {_NOT_A_TASK}")
-    is_instance = hasattr(factory, "rollout") and not isinstance(factory, type)
-    if is_instance and options:
-        raise TaskLoadError(f"task {spec!r} is an instance, which takes no options", option="")
-    task = factory if is_instance else _construct(spec, factory, options)
+    instance = _as_instance(spec, factory)
+    if instance is not None and options:
+        raise TaskLoadError(
+            f"task {spec!r} is an instance, which takes no options"
+            + (
+                f'; for the environment\'s options write task = "env:{spec}"'
+                if instance is not factory
+                else ""
+            ),
+            option="",
+        )
+    task = (
+        instance
+        if instance is not None
+        else _as_instance(spec, _construct(spec, factory, options), made=True)
+    )
     for needed in ("scenarios", "rollout"):
         if not hasattr(task, needed):
             raise TaskLoadError(
                 f"task {spec!r} has no `{needed}`; a task needs scenarios(split) and async rollout(model, scenario)"
+                f", or an environment ({NOT_AN_ENV})"
             )
     return task
 
 
+def _as_instance(spec: str, obj: Any, *, made: bool = False) -> Any:
+    """`obj` when it is a task instance, an environment wrapped as a task, else None (a factory);
+    `made`: it came from calling the factory, so it is returned as it is whatever it is."""
+    if hasattr(obj, "rollout") and not isinstance(obj, type):
+        return obj
+    try:
+        env = as_environment(obj, spec)
+    except EnvLoadError as exc:
+        raise TaskLoadError(f"task {str(exc).removeprefix('environment ')}") from exc
+    if env is not None:
+        from grooves.tasks.environment import EnvironmentTask
+
+        return EnvironmentTask(env)
+    return obj if made else None
+
+
 _NOT_A_TASK = (
     "not a task: name a Task instance, a class with scenarios(split) and async rollout(model, scenario), "
-    "or a function of yours that returns one"
+    "an environment, or a function of yours that returns one"
 )
-
-
-def _is_stdlib(module_name: str | None) -> bool:
-    return bool(module_name) and module_name.partition(".")[0] in sys.stdlib_module_names  # type: ignore[union-attr]
 
 
 def _not_a_task(obj: Any) -> str | None:
     """What `obj` is, when it obviously cannot be (or make) a task; None when it may.
 
-    A task is a Task instance, a class with `scenarios` and `rollout`, or a factory: a Python
-    function (or a callable object) that returns one. A function of Python's standard library
-    (`os:system`), a function written in C, a class without the two methods, or a plain value is
-    none of them, and is refused before it is called with the run's options.
+    A task is a Task instance, a class with `scenarios` and `rollout`, an environment (an
+    `EnvSpec`, an `Environment`, or its class), or a factory: a Python function (or a callable
+    object) that returns one. A function of Python's standard library (`os:system`), a function
+    written in C, a class without those methods, or a plain value is none of them, and is refused
+    before it is called with the run's options.
 
     >>> import os
     >>> _not_a_task(os.system)
@@ -147,20 +155,19 @@ def _not_a_task(obj: Any) -> str | None:
     """
     if hasattr(obj, "rollout") and not isinstance(obj, type):
         return None  # an instance: checked for `scenarios` after
+    if isinstance(obj, EnvSpec) or (not isinstance(obj, type) and isinstance(obj, Environment)):
+        return None
+    problem = describe_unusable(obj)
+    if problem is not None:
+        return problem
     inner = obj
     while isinstance(inner, functools.partial):
         inner = inner.func
-    origin = getattr(inner, "__module__", None)
-    name = getattr(inner, "__name__", type(inner).__name__)
-    if _is_stdlib(origin):
-        return f"{name} from Python's standard library ({origin})"
     if isinstance(inner, type):
+        if all(hasattr(inner, m) for m in ("scenarios", "reset")):
+            return None  # an environment class
         missing = [m for m in ("scenarios", "rollout") if not hasattr(inner, m)]
-        return f"the class {name}, which has no {' and no '.join(missing)}" if missing else None
-    if isinstance(inner, types.BuiltinFunctionType | types.BuiltinMethodType):
-        return f"{name}, a function written in C ({origin})"
-    if not callable(inner):
-        return f"a {type(inner).__name__}"
+        return f"the class {inner.__name__}, which has no {' and no '.join(missing)}" if missing else None
     return None
 
 
@@ -177,6 +184,8 @@ def _construct(spec: str, factory, options: dict[str, Any]) -> Task:
                 raise TaskLoadError(f"task {spec!r} has no option {key!r}; its options: {takes}", option=key)
     try:
         return factory(**options)
+    except EnvLoadError as exc:  # `env:NAME` naming no usable environment: its own one line
+        raise TaskLoadError(f"task {spec!r}: {exc}") from exc
     except (TypeError, ValueError, KeyError, OSError) as exc:  # a bad option value, a missing data file
         where = "" if options else None
         raise TaskLoadError(

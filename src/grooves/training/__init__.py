@@ -1,2 +1,2 @@
-"""The training loop and what it writes: RL (`loop.run`) and SFT (`sft.run_sft`), the data
-streams, optimizer steps, checkpoints and the run folder."""
+"""The training loop and what it writes: RL (`loop.run`, over `session`, `collect` and `recorder`)
+and SFT (`sft.run_sft`), the data streams, optimizer steps, checkpoints and the run folder."""

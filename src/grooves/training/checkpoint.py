@@ -17,7 +17,7 @@ on one line with what is wrong, and skipped. A checkpoint that passes but still 
 it is loaded instead (`load_with_fallback`).
 
 Retention keeps the newest `keep` checkpoints and, besides them, the best one by a validation
-metric (`logging.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
+metric (`checkpoint.keep_best_by`, read from the run's metrics.jsonl), so pruning never deletes the
 checkpoint `--select best` would pick (ART keeps its best and latest the same way).
 
 Loading never runs code from the checkpoint: `optimizer.pt` and `rng.pt` hold only tensors,
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import math
 import random
@@ -40,13 +39,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from grooves.config.checkpoint import CheckpointConfig
 from grooves.jsonl import read_jsonl
-from grooves.models import check_adapter_base, describe_base, record_adapter_base
+from grooves.models import check_adapter_base, describe_base, file_sha256, record_adapter_base
 
 CHECKPOINT_PREFIX = "step_"
 FORMAT = 2
@@ -107,6 +107,40 @@ def save_checkpoint(
     tmp.rename(final)
     _prune(run_dir / "checkpoints", keep, _step_scores(run_dir, keep_best_by), keep_best_mode)
     return final
+
+
+def save_if_due(
+    run_dir: Path,
+    state: TrainState,
+    policy,
+    optimizer,
+    config_toml: str,
+    settings: CheckpointConfig,
+    *,
+    last: int,
+    force: bool = False,
+    extra: dict[str, Path] | None = None,
+) -> Path | None:
+    """A run's checkpoint of `state.step`, when the run's `[checkpoint]` (`settings`) says one is
+    due: every `settings.every` steps, after the `last` step, and whenever `force`d (a run the
+    watch pauses); kept and pruned as `settings` says. RL (`training.loop`) and SFT
+    (`training.sft`) save through this. The policy's lock is held while it is written, so no
+    adapter is loaded or unloaded beside it. None when none was due."""
+    if not (force or state.step == last or state.step % settings.every == 0):
+        return None
+    with policy.lock:
+        return save_checkpoint(
+            run_dir,
+            state,
+            policy.model,
+            optimizer,
+            policy.generator,
+            config_toml,
+            settings.keep,
+            extra,
+            keep_best_by=settings.keep_best_by,
+            keep_best_mode=settings.keep_best_mode,
+        )
 
 
 def _write(tmp: Path, state: TrainState, model, optimizer, policy_generator, config_toml: str, extra) -> None:
@@ -224,21 +258,13 @@ def set_rng_states(states: dict, policy_generator) -> None:
     )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
 def _write_manifest(folder: Path) -> None:
     files = {
-        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in _files(folder)
     }
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
@@ -269,7 +295,7 @@ def checkpoint_problem(path: Path) -> str | None:
         size = file.stat().st_size
         if size != size_listed:
             return f"{name} has {size} bytes, the manifest says {size_listed}"
-        if _sha256(file) != sha_listed:
+        if file_sha256(file) != sha_listed:
             return f"{name} does not match its sha256 in the manifest"
     # a file the manifest leaves out was never checked: it may be the damaged one
     unlisted = [
@@ -452,7 +478,7 @@ def _load_tensors(file: Path, legacy_numpy: bool = False):
     `legacy_numpy` also admits numpy arrays (rebuilt from their bytes), which older checkpoints hold."""
     import pickle
 
-    allowed = (
+    allowed: list[Any] = (
         [np.empty(0).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))] if legacy_numpy else []
     )
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
-from grooves.core.trajectory import TrajectoryGroup
+from grooves.core.trajectory import Trajectory, TrajectoryGroup
 from grooves.report.intervals import bootstrap_interval, wilson_interval
 from grooves.rollouts.gather import RolloutFn, gather
 from grooves.rollouts.handle import ModelHandle
@@ -45,6 +45,7 @@ async def evaluate(
     progress: bool = False,
     prefix: str = "val/",
     dp: DataParallel | None = None,
+    heartbeat: float | None = None,
 ) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """Metrics (`{prefix}reward_mean`, `{prefix}success_rate`, per task, the scorer's) and the groups.
 
@@ -54,6 +55,7 @@ async def evaluate(
     scorer, so validation rewards come from the same judges and gates as training rewards.
     A failed rollout is kept in the groups and left out of the means. In a data-parallel run
     (`dp`) each rank runs its share of the rollouts and every rank gets all of them, scored once.
+    `heartbeat`: seconds between lines saying how far the rollouts are, when no bar shows it.
     """
     dp = dp or DataParallel.single()
     chosen = task.scenarios(split)
@@ -70,6 +72,7 @@ async def evaluate(
         description=f"validation @ {step}" if split == "validation" else f"{split} @ {step}",
         seed_key=(step,),
         part=dp.share(len(chosen) * samples) if dp.active else None,
+        heartbeat=heartbeat if dp.main else None,
     )
     groups, scored = await score_groups(score, dp.merge_groups(groups), dp)
     scored = {f"{prefix}{k}": v for k, v in scored.items()}
@@ -86,7 +89,8 @@ async def score_groups(
     if dp is None or not dp.active:
         return groups, as_metrics(await score(groups))
     scored = (groups, as_metrics(await score(groups))) if dp.main else None
-    return dp.broadcast(scored)
+    # rank 0's pair, which every rank receives (the others pass None)
+    return cast(tuple[list[TrajectoryGroup], dict[str, float]], dp.broadcast(scored))
 
 
 def sets_success(groups: list[TrajectoryGroup]) -> bool | None:
@@ -121,7 +125,63 @@ def summarize(groups: list[TrajectoryGroup], *, seed: int = 0) -> dict[str, Any]
         "high": high,
         "interval": "bootstrap over scenarios (percentile, 10000 resamples)",
     }
+    out["reward_parts"] = reward_parts(trajs)
+    out.update(tool_use(trajs))
     return out
+
+
+def reward_parts(trajs: list[Trajectory]) -> dict[str, float]:
+    """The mean of each reward part (`traj.rewards`: a grader's parts, each judge's score) over the
+    rollouts; a rollout without a part counts 0 for it."""
+    names = sorted({name for t in trajs for name in t.rewards})
+    return {name: statistics.fmean(t.rewards.get(name, 0.0) for t in trajs) for name in names}
+
+
+def tool_use(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Tool calls the rollouts made (read from their chats) and how many of them failed (the
+    environment's count, `env_tool_errors`, or an MCP environment's `tool_errors`; None when the
+    task counts none)."""
+    calls = [
+        sum(len(m.get("tool_calls") or []) for m in t.messages if m.get("role") == "assistant") for t in trajs
+    ]
+    counted = [t.metrics.get("env_tool_errors", t.metrics.get("tool_errors")) for t in trajs]
+    errors = int(sum(c for c in counted if c is not None)) if any(c is not None for c in counted) else None
+    total = sum(calls)
+    return {
+        "tool_calls": {"total": total, "per_rollout": total / len(trajs) if trajs else 0.0},
+        "tool_errors": None
+        if errors is None
+        else {"total": errors, "fraction_of_calls": errors / total if total else 0.0},
+    }
+
+
+def episode_record(traj: Trajectory, scenario: dict[str, Any], index: int, sample: int) -> dict[str, Any]:
+    """One rollout as `grooves eval --samples-out` writes it: the scenario it ran (id, index in the
+    chosen scenarios, sample number), the chat, each tool call by name and arguments, the reward and
+    its parts, success, metrics and metadata (a grader's notes, the stop reason), or the error."""
+    calls = [
+        {
+            "name": (call.get("function") or {}).get("name"),
+            "arguments": (call.get("function") or {}).get("arguments"),
+        }
+        for m in traj.messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+        if isinstance(call, dict)
+    ]
+    return {
+        "scenario_id": scenario.get("id"),
+        "scenario_index": index,
+        "sample": sample,
+        "reward": traj.reward,
+        "rewards": traj.rewards,
+        "success": traj.metrics.get("success"),
+        "error": traj.error,
+        "tool_calls": calls,
+        "messages": traj.messages,
+        "metrics": traj.metrics,
+        "metadata": traj.metadata,
+    }
 
 
 def as_metrics(result: Any) -> dict[str, float]:

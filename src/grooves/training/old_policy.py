@@ -89,8 +89,10 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def stale_versions(batch: TrainBatch, live: int) -> list[int]:
     """The adapter versions other than `live` that sampled tokens of `batch`."""
-    stale = batch.sampled_mask & (batch.versions >= 0) & (batch.versions != live)  # [B, T]
-    return sorted({int(v) for v in batch.versions[stale].tolist()})
+    versions = batch.versions
+    assert versions is not None  # TrainBatch.__post_init__ fills it
+    stale = batch.sampled_mask & (versions >= 0) & (versions != live)  # [B, T]
+    return sorted({int(v) for v in versions[stale].tolist()})
 
 
 def stale_logprobs(

@@ -249,3 +249,27 @@ def _moving_average(values: list[float], window: int) -> list[float]:
         part = values[max(0, i - window + 1) : i + 1]
         out.append(sum(part) / len(part))
     return out
+
+
+class StepProgress:
+    """A run's steps where a person watches them (RL and SFT alike): one progress bar on a
+    terminal (`show_bars`), else one line per step (`step_line`);
+    nothing where `show` is false (the other ranks of a data-parallel run)."""
+
+    def __init__(self, progress: bool, name: str, steps: int, done: int, *, show: bool = True):
+        from tqdm.auto import tqdm
+
+        self.bars = show and show_bars(progress)
+        self.lines = show and not self.bars  # a log file, or progress = false: one line per step, always
+        self.steps = steps
+        self.bar = tqdm(total=steps, initial=done, desc=name, disable=not self.bars, dynamic_ncols=True)
+
+    def step(self, metrics: dict[str, Any], **postfix: str) -> None:
+        """One step done: the bar moves on with `postfix` beside it, or its line is printed."""
+        self.bar.update(1)
+        self.bar.set_postfix(**postfix)
+        if self.lines:
+            print(step_line(metrics, self.steps), flush=True)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -19,18 +19,21 @@ encoded on its own, the end-of-turn token sampled as one id), so an SFT adapter 
 are trained on the same token layout. A template that rewrites earlier turns is refused.
 
 Training reuses the RL path: sequences are batched by `core.batching.micro_batches` (the chats'
-common system prompt and tool list run once per micro-batch), logprobs come from `core.forward`, the step's span is RL's (`training.step.gradient_step`),
-checkpoints come from `training.checkpoint.save_checkpoint` (so `grooves export`,
+common system prompt and tool list run once per micro-batch), logprobs come from `core.forward`,
+the step's span is RL's (`training.step.gradient_step`), checkpoints are saved by RL's
+`training.checkpoint.save_if_due` under the same `[checkpoint]` section (so `grooves export`,
 `grooves serve --adapter`, `grooves adapters list` and the registry treat an SFT run like an RL
-run), and an optional task validates the adapter the same way `grooves train` does.
+run), and the run file's `task` validates the adapter as `grooves train` does
+(`training.evaluate.evaluate`, the same `[validation]` section).
+
+An RL run file's `[sft]` stage is this, run before RL into `<output_dir>/sft` (`run_stage`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import statistics
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,10 +41,11 @@ from typing import Any
 
 import torch
 
+from grooves.config import AdamWConfig, CheckpointConfig, LoggingConfig, RolloutConfig
 from grooves.config.base import ConfigError, dump
 from grooves.config.check import init_adapter_problem
 from grooves.config.run import RunConfig
-from grooves.config.sft import SftConfig, SftLoggingConfig, SftOptimConfig
+from grooves.config.sft import SftConfig
 from grooves.core.batching import micro_batches
 from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.tokenize import TrainSequence
@@ -49,23 +53,25 @@ from grooves.policy import policy_for
 from grooves.policy.base import Policy
 from grooves.policy.prompts import PromptState
 from grooves.policy.tool_format import turn_problem
-from grooves.rollouts.gather import gather
 from grooves.rollouts.handle import ModelHandle
 from grooves.serve.app import inprocess_client
-from grooves.tasks import load_task
+from grooves.tasks import Task, load_task
 from grooves.training.checkpoint import (
     TrainState,
     latest_checkpoint,
     load_checkpoint,
     load_with_fallback,
-    save_checkpoint,
+    save_if_due,
     seed_everything,
 )
+from grooves.training.cost import HEARTBEAT_S, sft_plan_line, sft_steps, validates_at
 from grooves.training.data import ScenarioStream
+from grooves.training.evaluate import evaluate
 from grooves.training.memory import pair_tokens
 from grooves.training.optim import adamw, lr_scheduler
-from grooves.training.runlog import RunLog, show_bars, step_line
+from grooves.training.runlog import RunFolderError, RunLog, StepProgress, show_bars
 from grooves.training.step import gradient_step
+from grooves.training.trackers import start_trackers
 
 
 # ---- chats -> sequences --------------------------------------------------------------------
@@ -182,26 +188,6 @@ def sft_step(policy: Policy, optimizer, seqs: list[TrainSequence], config: SftCo
     }
 
 
-async def _validate(task, handle, config: SftConfig, step: int) -> tuple[dict[str, float], list]:
-    v = config.validation
-    groups = await gather(
-        task.rollout,
-        handle,
-        task.scenarios("validation")[: v.scenarios],
-        1,
-        max_failure_fraction=1.0,
-        progress=show_bars(config.logging.progress),
-        description=f"validation @ {step}",
-        seed_key=(step,),
-    )
-    trajs = [t for g in groups for t in g.ok]
-    nan = float("nan")
-    return {
-        "val/reward_mean": statistics.fmean(t.reward for t in trajs) if trajs else nan,
-        "val/success_rate": statistics.fmean(t.metrics.get("success", 0.0) for t in trajs) if trajs else nan,
-    }, groups
-
-
 def _policy(config: SftConfig) -> Policy:
     return policy_for(config.model, config.lora, seed=config.seed, served_name=config.name)
 
@@ -230,7 +216,7 @@ def _restore(checkpoint: Path | None, policy, optimizer, stream, log: RunLog) ->
         checkpoint, state = load_with_fallback(
             checkpoint,
             lambda path: load_checkpoint(path, policy.model, optimizer, policy.generator),
-            lambda line: print(line, file=sys.stderr, flush=True),
+            _say,
         )
         stream.position = state.data_position
         print(f"resuming {log.dir} from step {state.step} ({checkpoint})", flush=True)
@@ -238,21 +224,48 @@ def _restore(checkpoint: Path | None, policy, optimizer, stream, log: RunLog) ->
     return state
 
 
-def _validation_handle(config: SftConfig, policy):
-    """(task, model handle) for validation, or (None, None) when no validation task is set."""
-    v = config.validation
-    if not v.task:
-        return None, None
-    handle = ModelHandle(
-        inprocess_client(policy), policy.served_name, v.temperature, 1.0, v.max_tokens, seed=config.seed + 1
-    )
-    return load_task(v.task, v.task_options), handle
+class _Validation:
+    """The adapter scored on `config.task`'s validation split as `grooves train` scores it
+    (`evaluate`, seeded from `seed + 1` and the step), through an in-process client of the policy;
+    nothing when the run file names no task."""
+
+    def __init__(self, config: SftConfig, policy: Policy):
+        v = config.validation
+        self.config = config
+        self.task = load_task(config.task, config.task_options) if config.task else None
+        self.handle = None
+        if self.task is not None:
+            max_tokens = v.max_tokens or RolloutConfig().max_tokens
+            client = inprocess_client(policy)
+            self.handle = ModelHandle(
+                client, policy.served_name, v.temperature, 1.0, max_tokens, seed=config.seed + 1
+            )
+
+    def due(self, step: int, steps: int) -> bool:
+        return self.task is not None and validates_at(self.config.validation, step, steps)
+
+    async def __call__(self, step: int) -> tuple[dict[str, float], list]:
+        v = self.config.validation
+        assert self.task is not None and self.handle is not None  # called only when `due`
+        return await evaluate(
+            self.task,
+            self.handle,
+            scenarios=v.scenarios,
+            samples=v.samples,
+            temperature=v.temperature,
+            seed=self.config.seed + 1,
+            step=step,
+            progress=show_bars(self.config.logging.progress),
+            heartbeat=None if show_bars(self.config.logging.progress) else HEARTBEAT_S,
+        )
+
+    async def aclose(self) -> None:
+        if self.handle is not None:
+            await self.handle.client.close()
 
 
 async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
     """Train an adapter on `config.data`; returns the run folder (same layout as an RL run)."""
-    from tqdm.auto import tqdm
-
     problem = init_adapter_problem(config)  # another base model or LoRA shape: one line, before loading
     if problem:
         raise ConfigError(problem)
@@ -269,49 +282,39 @@ async def run_sft(config: SftConfig, *, resume: bool = False) -> Path:
         params, lr=config.optim.lr, betas=config.optim.betas, weight_decay=config.optim.weight_decay
     )
     stream = ScenarioStream(seqs, config.seed)  # a fresh seeded order each epoch, resumable by position
-    steps = config.steps or math.ceil(config.epochs * len(seqs) / config.batch_size)
+    steps = sft_steps(config, len(seqs))
     state = _restore(checkpoint, policy, optimizer, stream, log)
+    log.trackers = start_trackers(config.logging, config.name, run_dir, config_toml, resumed_at=state.step)
     scheduler = lr_scheduler(optimizer, config.optim, steps, done=state.step)
-    task, handle = _validation_handle(config, policy)
-    if task and state.step == 0:
-        val, groups = await _validate(task, handle, config, 0)
-        log.log({"step": 0, **val})
-        log.samples(0, groups, name="validation")
-    bars = show_bars(config.logging.progress)  # progress bars on a terminal; else one line per step
-    bar = tqdm(total=steps, initial=state.step, desc=config.name, disable=not bars, dynamic_ncols=True)
-    while state.step < steps:
-        step, t0 = state.step + 1, time.perf_counter()
-        batch = [s for _, s in stream.take(config.batch_size)]
-        lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
-        metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": lr}
-        scheduler.step()
-        policy.adapters.bump()
-        if task and ((config.validation.every and step % config.validation.every == 0) or step == steps):
-            val, groups = await _validate(task, handle, config, step)
-            metrics.update(val)
-            log.samples(step, groups, name="validation")
-        metrics["seconds_step"] = time.perf_counter() - t0
-        state = TrainState(step=step, data_position=stream.position)
-        log.log(metrics)
-        if step % config.logging.checkpoint_every == 0 or step == steps:
-            save_checkpoint(
-                run_dir,
-                state,
-                policy.model,
-                optimizer,
-                policy.generator,
-                config_toml,
-                config.logging.keep_checkpoints,
-                keep_best_by=config.logging.keep_best_by,
-                keep_best_mode=config.logging.keep_best_mode,
-            )
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-        if config.logging.progress and not bars:
-            print(step_line(metrics, steps), flush=True)
-    bar.close()
-    if handle is not None:
-        await handle.client.close()
+    validate = _Validation(config, policy)
+    held = len(validate.task.scenarios("validation")) if validate.task is not None else None
+    _say(sft_plan_line(config, len(seqs), steps, held, start=state.step))
+    progress = StepProgress(config.logging.progress, config.name, steps, state.step)
+    try:
+        if validate.task is not None and state.step == 0 and config.validation.at_start:
+            val, groups = await validate(0)
+            log.log({"step": 0, **val})
+            log.samples(0, groups, name="validation")
+        while state.step < steps:
+            step, t0 = state.step + 1, time.perf_counter()
+            batch = [s for _, s in stream.take(config.batch_size)]
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step's update uses
+            metrics: dict[str, Any] = {"step": step, **sft_step(policy, optimizer, batch, config), "lr": lr}
+            scheduler.step()
+            policy.adapters.bump()
+            if validate.due(step, steps):
+                val, groups = await validate(step)
+                metrics.update(val)
+                log.samples(step, groups, name="validation")
+            metrics["seconds_step"] = time.perf_counter() - t0
+            state = TrainState(step=step, data_position=stream.position)
+            log.log(metrics)
+            save_if_due(run_dir, state, policy, optimizer, config_toml, config.checkpoint, last=steps)
+            progress.step(metrics, loss=f"{metrics['loss']:.4f}")
+    finally:
+        progress.close()
+        log.close()
+        await validate.aclose()
     return run_dir
 
 
@@ -321,9 +324,60 @@ def sft(config: SftConfig, *, resume: bool = False) -> Path:
 
 
 # ---- the [sft] stage of an RL run file ---------------------------------------------------------
+async def run_stage(
+    config: RunConfig, task: Task, run_dir: Path, *, resume: bool, overwrite: bool
+) -> RunConfig:
+    """Run an RL run file's `[sft]` stage into `<run_dir>/sft`; returns the config with RL starting
+    from its adapter (`model.init_adapter`).
+
+    The stage's folder follows the run's rules: an earlier stage's checkpoints are continued with
+    `resume`, deleted with `overwrite`, else the start is refused. A chat that demonstrates one
+    of the task's validation scenarios, or that the policy could not be trained on, is refused
+    as a `ConfigError` naming `sft.data` and the line."""
+    folder = run_dir / "sft"
+    if folder.exists() and not resume:
+        if any((folder / "checkpoints").glob("step_*")) and not overwrite:
+            raise RunFolderError(
+                f"{folder} holds an earlier [sft] stage; continue it with --resume, replace it with --overwrite, "
+                "or set another output_dir"
+            )
+        shutil.rmtree(folder)
+    if resume and latest_checkpoint(folder) is None:
+        raise RunFolderError(
+            f"--resume: no checkpoint in {run_dir / 'checkpoints'} or {folder / 'checkpoints'}; start without --resume"
+        )
+    stage = config.sft
+    assert stage is not None  # the run loop starts a stage only for a run file with [sft]
+    try:
+        overlap = validation_overlap(read_chats(stage.data), held_out(task))
+    except (ChatError, OSError) as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    if overlap:
+        raise ConfigError(
+            f"sft.data: {stage.data} {overlap}; demonstrations come from the train split "
+            "(grooves env demos NAME --split train)"
+        )
+    _say(f"[sft] stage: {stage.data} -> {folder}")
+    try:
+        await run_sft(stage_config(config, folder), resume=resume)
+    except ChatError as exc:
+        raise ConfigError(f"sft.data: {exc}") from None
+    return config.model_copy(update={"model": config.model.model_copy(update={"init_adapter": str(folder)})})
+
+
+def held_out(task: Task) -> list[dict[str, Any]]:
+    """The scenarios no training data may show: validation, and test where the task has that split."""
+    held = list(task.scenarios("validation"))
+    try:
+        held += task.scenarios("test")
+    except ValueError:  # a task of train and validation only (capitals)
+        pass
+    return held
+
+
 def stage_config(config: RunConfig, folder: Path) -> SftConfig:
     """The `grooves sft` config of a run file's `[sft]` stage: its data and steps, the run's
-    `[model]` and `[lora]` (so RL can continue the adapter), seed, micro-batching and logging."""
+    `[model]` and `[lora]` (so RL can continue the adapter), seed, micro-batching and progress."""
     stage, opt = config.sft, config.optim
     if stage is None:
         raise ValueError("the run file has no [sft] section")
@@ -337,7 +391,7 @@ def stage_config(config: RunConfig, folder: Path) -> SftConfig:
         steps=stage.steps,
         model=config.model,
         lora=config.lora,
-        optim=SftOptimConfig(
+        optim=AdamWConfig(
             lr=stage.lr,
             betas=opt.betas,
             grad_clip=opt.grad_clip,
@@ -345,7 +399,8 @@ def stage_config(config: RunConfig, folder: Path) -> SftConfig:
             share_prefix=opt.share_prefix,
             packing=opt.packing,
         ),
-        logging=SftLoggingConfig(checkpoint_every=stage.checkpoint_every, progress=config.logging.progress),
+        logging=LoggingConfig(progress=config.logging.progress),
+        checkpoint=CheckpointConfig(every=stage.checkpoint_every),
     )
 
 
@@ -366,3 +421,7 @@ def validation_overlap(chats: list[dict[str, Any]], validation: list[dict[str, A
                 f"{hit.get('id', hit.get('prompt'))!r}"
             )
     return None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

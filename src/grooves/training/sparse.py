@@ -3,7 +3,7 @@
 A group of equal rewards has zero advantage for every rollout (GRPO's advantages are relative to
 the group), so it adds nothing to the gradient: a step where most groups are like that learns
 from the few others, and a step where all are learns nothing. `SparseRewardWarning` says so on one
-line during the run; `rollout.refill_zero_variance` (in `training.loop.run`) draws more scenarios
+line during the run; `rollout.refill_zero_variance` (in `training.collect`) draws more scenarios
 instead, DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement
 Learning System at Scale", arXiv:2503.14476, section 3.2).
 """
@@ -44,10 +44,12 @@ class SparseRewardWarning:
     """One line when a step's share of equal-reward groups reaches `threshold`, at most once per
     `every` steps (a run of flat steps is one problem, not one line per step)."""
 
-    def __init__(self, threshold: float, every: int = 10, say=print):
+    def __init__(self, threshold: float, every: int = 10, say=print, warm: bool = False):
         self.threshold = threshold
         self.every = every
         self.say = say
+        self.warm = warm
+        """The run starts from a trained adapter (`model.init_adapter`, or an `[sft]` stage's)."""
         self.flagged = 0  # steps at or over the threshold so far (this process)
         self.last: int | None = None
 
@@ -74,9 +76,15 @@ class SparseRewardWarning:
                 if refill_short is not None
                 else "set rollout.refill_zero_variance = true to draw more scenarios"
             )
+            start = (
+                "train the warm start further (more demonstrations or [sft] steps: this run already starts "
+                "from model.init_adapter)"
+                if self.warm
+                else "start from a warm adapter (model.init_adapter, or an [sft] stage)"
+            )
             self.say(
                 f"step {step}: {zero_variance} of {groups} groups ({zero_variance / groups:.0%}) had all-equal "
                 f"rewards and teach nothing ({self.flagged} such step(s) so far); {advice}, raise "
-                "rollout.temperature or group_size, or start from a warm adapter (model.init_adapter)"
+                f"rollout.temperature or group_size, or {start}"
             )
         return True

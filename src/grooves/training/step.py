@@ -19,7 +19,7 @@ import math
 import statistics
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from grooves.policy.loaded_adapters import keep_requires_grad
 from grooves.training.memory import auto_micro_batch_tokens, pair_tokens
 from grooves.training.old_policy import AdapterHistory, old_policy_logprobs, stale_logprobs
 from grooves.training.pipeline import staleness_stats
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 def train_step(
@@ -62,7 +65,8 @@ def train_step(
     staleness = staleness_stats(groups, live, config.rollout.max_staleness)
     if history is not None:
         # refused before any work, not in the middle of the step
-        history.require({t.adapter_version for g in groups for tr in g.ok for t in tr.turns} - {None, live})
+        versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
+        history.require({v for v in versions if v is not None} - {live})
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
         if history is not None:
@@ -146,7 +150,7 @@ def run_loss(config: RunConfig) -> Loss:
 
 
 @contextlib.contextmanager
-def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[torch.nn.Module]:
+def gradient_step(policy: Policy, optimizer: torch.optim.Optimizer) -> Iterator[PeftModel]:
     """The span of one optimizer step on `policy.model`, which it yields in training mode.
 
     Sampling waits (the policy's lock); gradients are zeroed before the first backward and again at
@@ -168,7 +172,7 @@ KL_REFERENCE = "grooves-kl-reference"
 """The peft adapter name of the frozen copy of the starting adapter (`algorithm.kl_reference`)."""
 
 
-def load_kl_reference(model: torch.nn.Module, adapter_path: str | Path) -> None:
+def load_kl_reference(model: PeftModel, adapter_path: str | Path) -> None:
     """Load the adapter a run started from beside the trained one, frozen, as the KL penalty's
     reference (`reference_weights`); the trained adapter stays the active one."""
     active = model.active_adapter
@@ -178,7 +182,7 @@ def load_kl_reference(model: torch.nn.Module, adapter_path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def reference_weights(model: torch.nn.Module) -> Iterator[None]:
+def reference_weights(model: PeftModel) -> Iterator[None]:
     """Inside: `model` computes the KL reference policy, the starting adapter when
     `load_kl_reference` loaded one, else the base model (every adapter disabled)."""
     if KL_REFERENCE not in getattr(model, "peft_config", {}):
@@ -195,7 +199,7 @@ def reference_weights(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checkpointed_layers(model: torch.nn.Module, on: bool) -> Iterator[None]:
+def checkpointed_layers(model: PeftModel, on: bool) -> Iterator[None]:
     """transformers' gradient checkpointing of every decoder layer for the span, when `on`
     (`optim.gradient_checkpointing`): each layer keeps its input and recomputes the rest in the
     backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174).
@@ -308,13 +312,11 @@ def optimize(
             batch = batch.to(device)  # the loss reads its old logprobs, advantages and masks there too
             stale = None
             if history is not None:  # before the batch's own forward: it swaps the weights in place
-                stale = stale_logprobs(
-                    model,
-                    batch,
-                    live,
-                    history,
-                    lambda b=batch, p=prefix_len: _logprobs(model, b, p, opt.gradient_checkpointing)[0],
-                )
+
+                def forward(b: TrainBatch = batch, p: int = prefix_len) -> torch.Tensor:
+                    return _logprobs(model, b, p, opt.gradient_checkpointing)[0]
+
+                stale = stale_logprobs(model, batch, live, history, forward)
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
             lp_ref = None
             if loss_fn.needs_reference:

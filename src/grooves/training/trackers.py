@@ -133,7 +133,7 @@ def start_trackers(
             )
         except Exception as exc:  # its library refused to start: the run goes on with the others
             say(f"logging.report_to: {tracker} did not start ({_one_line(exc)}); the run goes on without it")
-    ids.update({t.name: t.run_id for t in started if getattr(t, "run_id", None)})
+    ids.update({t.name: run_id for t in started if (run_id := getattr(t, "run_id", None))})
     if ids:
         ids_path.write_text(json.dumps(ids, indent=1))
     return Trackers(started, say)

@@ -263,9 +263,9 @@ class Service:
         """Apply step `req.step` once: the next step id trains, a repeat gets its first answer."""
         async with model.lock:
             if req.step <= model.step:
-                row = model.results.get(req.step)
-                if row is None or row.get("request_sha256") != digest:
-                    why = "with other groups" if row is not None else "and is no longer on record"
+                earlier = model.results.get(req.step)
+                if earlier is None or earlier.get("request_sha256") != digest:
+                    why = "with other groups" if earlier is not None else "and is no longer on record"
                     raise APIError(
                         409,
                         f"step {req.step} was already applied {why}; this model is at step {model.step}, "
@@ -273,7 +273,7 @@ class Service:
                         "step",
                         "step_conflict",
                     )
-                return step_json(model, row, replayed=True)
+                return step_json(model, earlier, replayed=True)
             if req.step != model.step + 1:
                 raise APIError(
                     409,

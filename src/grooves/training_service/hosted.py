@@ -195,11 +195,10 @@ class HostedModel:
         self.log.log(row)
         with (self.run_dir / USAGE_FILE).open("a") as f:
             f.write(json.dumps(usage) + "\n")
-        logging = self.config.logging
-        if step % logging.samples_every == 0:
+        if step % self.config.logging.samples_every == 0:
             self._decode(groups)
             self.log.samples(step, groups)
-        if step % logging.checkpoint_every == 0:
+        if step % self.config.checkpoint.every == 0:
             self._checkpoint()
         self.log.plot()
         return row, usage["trained_tokens"]
@@ -255,7 +254,7 @@ class HostedModel:
                 self.optimizer,
                 self.policy.generator,
                 dump_config(self.config),
-                self.config.logging.keep_checkpoints,
+                self.config.checkpoint.keep,
             )
 
     def _load(self, checkpoint: Path) -> None:

@@ -34,7 +34,7 @@ OWNED = "\x00"
 class Models:
     """The hosted models, by (tenant, name) and by adapter id."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[tuple[str, str], HostedModel] = {}
         self._by_adapter: dict[str, HostedModel] = {}

@@ -22,7 +22,7 @@ FIELDS = ("prompt_tokens", "sampled_tokens", "trained_tokens", "steps")
 class Usage:
     """Running totals per (tenant, model)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], Counter[str]] = {}
 
@@ -37,6 +37,8 @@ class Usage:
         """The tenant's totals and its models', as the `/v1/usage` route returns them."""
         with self._lock:
             rows = {m: dict(c) for (t, m), c in sorted(self._counts.items()) if t == tenant}
-        models = [{"model": m, **{f: c.get(f, 0) for f in FIELDS}} for m, c in rows.items()]
+        models: list[dict[str, Any]] = [
+            {"model": m, **{f: c.get(f, 0) for f in FIELDS}} for m, c in rows.items()
+        ]
         total = {f: sum(m[f] for m in models) for f in FIELDS}
         return {"object": "usage", "tenant": tenant, "total": total, "data": models}

@@ -133,6 +133,7 @@ class Watch:
         return replayed
 
     def _truncate_files_after(self, step: int) -> None:
+        assert self.run_dir is not None  # called where there is one
         findings_path, stats_path = self.run_dir / "findings.jsonl", self.run_dir / "watch.jsonl"
         if findings_path.exists():
             write_models(
@@ -178,6 +179,7 @@ class Watch:
         return self.run_dir is not None and every > 0 and step % every == 0 and bool(view.groups)
 
     def _inspect(self, step: int, view: StepView, stats: dict[str, float]) -> Path:
+        assert self.run_dir is not None  # `_inspection_due` holds only with one
         c = self.config.inspect
         samples = pick_samples(
             view.groups,

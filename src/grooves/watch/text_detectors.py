@@ -46,7 +46,7 @@ class Collapse:
         dup, top, top_inputs = duplicate_rate(view.outputs)
         measures = {"duplicate_rate": dup, "ngram_jaccard": mean_ngram_jaccard(view.outputs, c.ngram, pairs)}
         if self.embed is not None:
-            measures["embedding_cosine"] = mean_cosine(self._embeddings(view.outputs), pairs)
+            measures["embedding_cosine"] = mean_cosine(self._embeddings(self.embed, view.outputs), pairs)
         obs = Observation(stats={f"watch/collapse/{k}": v for k, v in measures.items()})
         fired, baselines = {}, {}
         for key, value in measures.items():
@@ -61,9 +61,9 @@ class Collapse:
             obs.findings.append(self._finding(view, measures, baselines, fired, top, top_inputs))
         return obs
 
-    def _embeddings(self, outputs: list[list[str]]) -> list[np.ndarray]:
+    def _embeddings(self, embed: EmbedFn, outputs: list[list[str]]) -> list[np.ndarray]:
         flat = [o for group in outputs for o in group]
-        vectors = np.asarray(self.embed(flat), dtype=float)
+        vectors = np.asarray(embed(flat), dtype=float)
         if vectors.ndim != 2 or vectors.shape[0] != len(flat):
             raise ValueError(
                 f"the watch's embed function returned shape {vectors.shape} for {len(flat)} texts; "
@@ -130,7 +130,7 @@ class InputIndependence:
             self._lexical(view, obs)
         if self.rescore is not None and len(view.groups) >= 2:
             if self._observed % self.config.rescore_every == 0:
-                self._rescored(view, obs)
+                self._rescored(self.rescore, view, obs)
             self._observed += 1
         return obs
 
@@ -174,15 +174,15 @@ class InputIndependence:
             evidence={"stream": "lexical", "baseline_accuracy": baseline, "chance": chance},
         )
 
-    def _rescored(self, view: StepView, obs: Observation) -> None:
+    def _rescored(self, rescore: RescoreFn, view: StepView, obs: Observation) -> None:
         c = self.config
         rng = np.random.default_rng([self.seed, view.step, 1])
         own, shuffled, errors = [], [], []
         for g, traj in self._sample(view, rng):
             h = int(rng.choice([k for k in range(len(view.groups)) if k != g]))
             try:
-                a = float(self.rescore(traj.model_copy(deep=True), dict(view.groups[g].scenario)))
-                b = float(self.rescore(traj.model_copy(deep=True), dict(view.groups[h].scenario)))
+                a = float(rescore(traj.model_copy(deep=True), dict(view.groups[g].scenario)))
+                b = float(rescore(traj.model_copy(deep=True), dict(view.groups[h].scenario)))
             except (
                 Exception
             ) as exc:  # the user's reward failing is data for the watch, not a crash of the run

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from typing import Any
+from typing import Any, cast
 
 from grooves.envs.base import Grade, Limits, Scenario
 from grooves.envs.builtin.answers import mentions, mentions_any, money
@@ -36,7 +36,7 @@ SYSTEM = (
     "You are a travel agent with access to an airline's reservation system. Airports are given by "
     "code (list_airports maps cities to codes). To book: hold a seat, then confirm the hold; release "
     "any hold you do not confirm. Fare rules for changes: basic fares cannot be changed; standard "
-    f"fares pay a {money(CHANGE_FEE_CENTS['standard'])} fee plus any increase in fare; flex fares pay "
+    f"fares pay a {money(cast(int, CHANGE_FEE_CENTS['standard']))} fee plus any increase in fare; flex fares pay "
     "only the increase. Quote a change before making it and respect the traveller's cost limit. "
     "Finish with a short answer naming the booking id."
 )

@@ -132,7 +132,7 @@ def build_seed(conn: sqlite3.Connection, seed: int) -> None:
         ordered = TODAY - rng.randint(1, 150)
         delivered = min(ordered + rng.randint(2, 6), TODAY) if status == "delivered" else None
         orders.append((f"O{i}", rng.choice(customers)[0], pid, qty, price * qty, status, ordered, delivered))
-        if status == "delivered" and rng.random() < 0.06:
+        if delivered is not None and rng.random() < 0.06:  # a delivered order
             refunds.append((f"O{i}", price * qty, "earlier request", delivered + 1))
     conn.executemany("INSERT INTO orders VALUES (?,?,?,?,?,?,?,?)", orders)
     conn.executemany("INSERT INTO refunds (order_id, amount_cents, reason, day) VALUES (?,?,?,?)", refunds)
@@ -345,6 +345,7 @@ def make_scenarios(
     pools: dict[tuple[str, bool], list[tuple[Any, ...]]] = {}
     for order_id, cname, email, product in pairs:
         facts = order_facts(conn, order_id)
+        assert facts is not None  # an order of this database
         for kind, blocker in (("refund", refund_blocker(facts)), ("replace", replace_blocker(facts))):
             pools.setdefault((kind, blocker is None), []).append(
                 (order_id, cname, email, product, facts, blocker)
@@ -425,7 +426,12 @@ def grade(g: GradeInput) -> Grade:
     for kind, order_id in actions:
         facts = order_facts(g.seed.connection, order_id)
         blocker = (refund_blocker if kind == "refund" else replace_blocker)(facts) if facts else "no_order"
-        if blocker or exp["action"] == "none" or facts["customer_id"] != exp.get("customer_id"):
+        if (
+            blocker
+            or facts is None
+            or exp["action"] == "none"
+            or facts["customer_id"] != exp.get("customer_id")
+        ):
             violations.append(f"{kind} of {order_id} ({blocker or 'not requested'})")
     policy = 0.0 if violations else 1.0
     notes += [f"out of policy: {v}" for v in violations]

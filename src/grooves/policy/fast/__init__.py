@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 
@@ -141,7 +141,7 @@ def _blocks_are_plain(model: torch.nn.Module) -> bool:
     down) out as a plain block array on this CPU (`kernels.blocked_layout`), so the packed kernels
     can write a folded adapter into them; else they pack a dense fold (a group they could not
     fold into would run as peft's layers)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)  # None fails below, as AttributeError
     try:
         hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -184,7 +184,9 @@ class FastSampling:
         )
         self.merged = MergedWeights(model) if fold else None
         """The own adapter folded into copies of the base weights (see `merged.py`); None: peft's layers."""
-        if fold_in_packed and self.merged.supported:  # one that folds nothing stays dense: no one waits on it
+        if (
+            fold_in_packed and self.merged is not None and self.merged.supported
+        ):  # one that folds nothing stays dense: no one waits on it
             self.merged.dense = False
         self.head = PlannedHead() if paths.timed_head else None
         """The output head's matmul form per decode row count, timed once (see `output_head.py`); None: `x W^T`."""
@@ -221,6 +223,7 @@ class FastSampling:
         return self.merged is not None and self.merged.supported
 
     def folded_weights(self) -> contextlib.AbstractContextManager:
+        assert self.merged is not None  # called where `folded`
         return self.merged.applied()
 
     def trainer_folds(self, model: torch.nn.Module) -> contextlib.AbstractContextManager | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,9 @@ from torch import nn
 
 from grooves.policy.fast.kernels import PlainKernels, Runner
 from grooves.policy.sampling import TransformersDecode
+
+if TYPE_CHECKING:
+    from transformers import Cache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -117,7 +121,7 @@ class _Projections:
     it, else each layer on its own (a kernel call, or the module itself, e.g. an active peft LoRA)."""
 
     def __init__(self, modules: list[nn.Module], kernels):
-        self.sizes = [int(m.weight.shape[0]) for m in modules]  # out_features
+        self.sizes = [int(cast(torch.Tensor, m.weight).shape[0]) for m in modules]  # out_features
         self.fused: Runner | None = kernels.group(modules)
         self.parts: list[Runner | nn.Module] = []
         if self.fused is None:
@@ -135,9 +139,9 @@ class _Norm:
 
     def __init__(self, module: nn.Module):
         fusable = type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
-        self.module = None if fusable else module
-        self.weight = module.weight if fusable else None
-        self.eps = float(module.variance_epsilon) if fusable else 0.0
+        self.module: nn.Module | None = None if fusable else module
+        self.weight = cast(torch.Tensor, module.weight) if fusable else None
+        self.eps = float(cast(float, module.variance_epsilon)) if fusable else 0.0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.module is not None:
@@ -160,8 +164,9 @@ class _Block:
     scaling: float
 
 
-def _base(model) -> nn.Module:
-    """The transformers model under a peft wrapper (or the model itself)."""
+def _base(model) -> Any:
+    """The transformers model under a peft wrapper (or the model itself). Any: its submodules are
+    read by name (`model.layers`, `self_attn.q_proj`, ...), which `supports` checks it has."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -183,7 +188,7 @@ def projection_groups(model) -> list[tuple[list[nn.Module], ...]] | None:
     the order its forward calls them: ([q, k, v], [o], [gate, up], [down]); None if it is not one."""
     if not supports(model):
         return None
-    groups = []
+    groups: list[tuple[list[nn.Module], ...]] = []
     for layer in _base(model).model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
@@ -356,7 +361,7 @@ class FusedPrefill:
         self.embed, self.norm = base.model.embed_tokens, _Norm(base.model.norm)
         self.rotary = base.model.rotary_emb
         self.head = _Projections([model.get_output_embeddings()], kernels)
-        self.cache = None
+        self.cache: Cache | None = None
         """The cache the last call returned."""
 
     def __call__(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
+from typing import Generic, TypeVar, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -98,8 +99,9 @@ class PlainKernels:
     """`F.linear` on the layers' own weights; a group runs as one matmul when its weights are rows of one buffer."""
 
     def group(self, modules: list[nn.Module]) -> Runner | None:
-        plain = [plain_linear(m) for m in modules]
-        if any(p is None for p in plain):
+        found = [plain_linear(m) for m in modules]
+        plain = [p for p in found if p is not None]
+        if len(plain) < len(found):
             return None
         weights = [w for w, _ in plain]
         weight = fused_weight(weights)
@@ -118,19 +120,43 @@ def version_stamp(weight: torch.Tensor) -> object:
     return weight._version
 
 
-class _Prepared:
+Copy = TypeVar("Copy")
+
+
+class _Prepared(Generic[Copy]):
     """Copies prepared from weights, by (storage, offset, shape) of the weights and their stamps."""
 
     def __init__(self, stamp: Stamp):
         self.stamp = stamp
-        self._entries: dict[tuple, tuple[tuple, object]] = {}
+        self._entries: dict[tuple, tuple[tuple, Copy]] = {}
+
+    @overload
+    def get(
+        self,
+        weights: list[torch.Tensor],
+        make: Callable[[], Copy],
+        update: Callable[[Copy], None] | None = None,
+    ) -> Copy: ...
+
+    @overload
+    def get(
+        self, weights: list[torch.Tensor], make: None, update: Callable[[Copy], None] | None = None
+    ) -> Copy | None: ...
+
+    @overload
+    def get(
+        self,
+        weights: list[torch.Tensor],
+        make: Callable[[], Copy] | None,
+        update: Callable[[Copy], None] | None = None,
+    ) -> Copy | None: ...
 
     def get(
         self,
         weights: list[torch.Tensor],
-        make: Callable[[], object] | None,
-        update: Callable[[object], None] | None = None,
-    ) -> object | None:
+        make: Callable[[], Copy] | None,
+        update: Callable[[Copy], None] | None = None,
+    ) -> Copy | None:
         """The copy prepared from `weights` as they are now: kept, `make()`, or, for changed weights,
         the kept copy rewritten in place by `update(copy)` where given. Without `make`, None where
         no copy was made yet (nothing is made)."""
@@ -238,18 +264,19 @@ class PackedKernels:
     def __init__(
         self, stamp: Stamp = version_stamp, rows_hint: int = 8, packed_from_rows: int = 1, folds=None
     ):
-        self.packed = _Prepared(stamp)
+        self.packed: _Prepared[torch.Tensor] = _Prepared(stamp)
         self.rows_hint = rows_hint
         self.packed_from_rows = packed_from_rows
         """Fewer rows than this run `PlainKernels`' `x W^T` where the group is one matrix."""
         self.folds = folds
         """A `MergedWeights(dense=False)` tracking the own adapter: layers with it active run on
         `W + s B A` folded into the packed copies here (`_FoldedPacked`); None: they run as peft's layers."""
-        self.folded = _Prepared(lambda _: folds.generation)
+        self.folded: _Prepared[_FoldedPacked] = _Prepared(lambda _: folds.generation)
 
     def group(self, modules: list[nn.Module]) -> Runner | None:
-        plain = [plain_linear(m) for m in modules]
-        if any(p is None for p in plain):
+        found = [plain_linear(m) for m in modules]
+        plain = [p for p in found if p is not None]
+        if len(plain) < len(found):
             return self._folded_group(modules) if self.folds is not None else None
         weights = [w for w, _ in plain]
         if weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
@@ -257,7 +284,7 @@ class PackedKernels:
         bias = _joined_bias(weights, [b for _, b in plain])
         out = sum(w.shape[0] for w in weights)
 
-        def pack():
+        def pack() -> torch.Tensor:
             # the folded weights of a group are rows of one buffer: packed from it without a copy
             joined = fused_weight(weights)
             joined = torch.cat(weights) if joined is None else joined
@@ -265,12 +292,12 @@ class PackedKernels:
 
         packed = self.packed.get(weights, pack)
         # MKL for fewer rows (None: the group's weights are not one matrix); not built when unused
-        plain = PlainKernels().group(modules) if self.packed_from_rows > 1 else None
+        mkl = PlainKernels().group(modules) if self.packed_from_rows > 1 else None
 
         def run(x: torch.Tensor, transposed: bool) -> torch.Tensor:
             rows = x.shape[0]
-            if rows < self.packed_from_rows and plain is not None:
-                return plain(x, False)
+            if rows < self.packed_from_rows and mkl is not None:
+                return mkl(x, False)
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, -1), packed, bias, "none", [], "")
             return y.reshape(rows, 1, out)
 
@@ -316,8 +343,9 @@ class PackedKernels:
         self, modules: list[nn.Module], create: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
         """(packed folded weights, joined bias, summed outputs) of the group, made if `create`."""
-        parts = [_lora_of(m) for m in modules]
-        if any(p is None for p in parts):
+        found = [_lora_of(m) for m in modules]
+        parts = [p for p in found if p is not None]
+        if len(parts) < len(found):
             return None
         for m, (_, lora) in zip(modules, parts, strict=True):
             adapters = getattr(m, "lora_A", {})
@@ -376,7 +404,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _lora_of(module: nn.Module) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor, float] | None] | None:
+def _lora_of(module: nn.Module) -> tuple[nn.Linear, tuple[torch.Tensor, torch.Tensor, float] | None] | None:
     """(base linear, its active LoRA (A [r, in], B [out, r], scale) or None) of a layer the
     low-precision kernels can run, or None: several active adapters, dropout, DoRA, a LoRA bias."""
     from peft.tuners.lora import Linear as LoraLinear
@@ -401,7 +429,8 @@ def _lora_of(module: nn.Module) -> tuple[nn.Module, tuple[torch.Tensor, torch.Te
         or not isinstance(module.lora_dropout[name], nn.Identity)
     ):
         return None
-    return base, (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+    a, b = cast(nn.Linear, module.lora_A[name]), cast(nn.Linear, module.lora_B[name])
+    return base, (a.weight, b.weight, float(module.scaling[name]))
 
 
 class LowPrecisionKernels:
@@ -425,10 +454,11 @@ class LowPrecisionKernels:
         if precision not in ("int8", "bfloat16"):
             raise ValueError(f"precision {precision!r}: use int8 or bfloat16")
         self.precision = precision
-        self.converted = _Prepared(stamp)
+        # int8: (q, scale); bfloat16: the packed weight
+        self.converted: _Prepared[tuple[torch.Tensor, torch.Tensor] | torch.Tensor] = _Prepared(stamp)
         self.rows_hint = rows_hint
 
-    def _convert(self, weight: torch.Tensor):
+    def _convert(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
         weight = weight.detach().float()
         if self.precision == "int8":
             q, scale = quantize_rows(weight)
@@ -436,8 +466,9 @@ class LowPrecisionKernels:
         return torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), self.rows_hint)
 
     def group(self, modules: list[nn.Module]) -> Runner | None:
-        parts = [_lora_of(m) for m in modules]
-        if any(p is None for p in parts):
+        found = [_lora_of(m) for m in modules]
+        parts = [p for p in found if p is not None]
+        if len(parts) < len(found):
             return None
         bases = [p[0] for p in parts]
         weights = [b.weight for b in bases]
@@ -456,7 +487,8 @@ class LowPrecisionKernels:
             x2 = x.reshape(rows, -1)  # [R, in]
             xb = x2.to(torch.bfloat16)
             if int8:
-                y = torch._weight_int8pack_mm(xb, *converted).float()  # [R, out]
+                q, scale = cast(tuple[torch.Tensor, torch.Tensor], converted)
+                y = torch._weight_int8pack_mm(xb, q, scale).float()  # [R, out]
             else:
                 y = torch.ops.mkldnn._linear_pointwise(xb, converted, None, "none", [], "").float()
             if bias is not None:

@@ -63,7 +63,8 @@ def addmm_lora(model: nn.Module):
 
     layers = [m for m in model.modules() if type(m) is LoraLinear]
     for m in layers:
-        m.forward = _addmm_forward(m, m.forward)  # an instance attribute: nn.Module calls it first
+        # an instance attribute: nn.Module calls it first
+        m.forward = _addmm_forward(m, m.forward)  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -29,8 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import Linear as LoraLinear
+
+
+def _base_weight(layer: LoraLinear) -> torch.Tensor:
+    return cast(torch.Tensor, layer.base_layer.weight)
 
 
 class MergedWeights:
@@ -48,13 +56,14 @@ class MergedWeights:
             isinstance(m, LoraLinear)
             and not m.use_dora.get(adapter, False)
             and not m.lora_bias.get(adapter, False)
-            and m.base_layer.weight.dtype.is_floating_point
+            and _base_weight(m).dtype.is_floating_point
             for m in lora_layers
         )
-        self.layers = lora_layers if self.supported else []
+        # supported: every one is a LoraLinear
+        self.layers = cast("list[LoraLinear]", lora_layers) if self.supported else []
         names = {id(m): name for name, m in model.named_modules()}
         self._parents = [names[id(m)].rpartition(".")[0] for m in self.layers]
-        self._buffers: list[torch.Tensor] | None = None
+        self._buffers: list[torch.Tensor | None] | None = None
         self._folded_from: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Per layer, copies of the (A, B) its buffer was computed from."""
         self.generation = 0
@@ -69,11 +78,12 @@ class MergedWeights:
     def refresh(self) -> None:
         """Recompute W + s B A for every layer whose adapter weights differ from the ones last folded."""
         if self._buffers is None:
-            self._buffers = self._allocate() if self.dense else [None] * len(self.layers)
+            self._buffers = list(self._allocate()) if self.dense else [None] * len(self.layers)
             self._storages = {b.untyped_storage().data_ptr() for b in self._buffers if b is not None}
         changed = False
         for i, (m, buf) in enumerate(zip(self.layers, self._buffers, strict=True)):
-            a, b = m.lora_A[self.adapter].weight, m.lora_B[self.adapter].weight
+            a = cast(torch.Tensor, m.lora_A[self.adapter].weight)
+            b = cast(torch.Tensor, m.lora_B[self.adapter].weight)
             if i < len(self._folded_from):
                 old_a, old_b = self._folded_from[i]
                 if torch.equal(a, old_a) and torch.equal(b, old_b):
@@ -85,7 +95,7 @@ class MergedWeights:
             changed = True
             if buf is None:
                 continue  # the packed kernels fold it
-            w = m.base_layer.weight
+            w = _base_weight(m)
             if not m.fan_in_fan_out and a.dtype == b.dtype == w.dtype:
                 # W + s B A in one pass over the weight, instead of materializing B A, scaling it and adding
                 torch.addmm(w, b, a, alpha=m.scaling[self.adapter], out=buf)
@@ -107,7 +117,7 @@ class MergedWeights:
 
         def group_key(i: int) -> tuple:
             m = self.layers[i]
-            w = m.base_layer.weight
+            w = _base_weight(m)
             if m.fan_in_fan_out:  # its weight is [in, out]: rows are not outputs, so it stays alone
                 return (i,)
             return (self._parents[i], w.shape[1], w.dtype, w.device)
@@ -115,7 +125,7 @@ class MergedWeights:
         groups = [list(g) for _, g in itertools.groupby(range(len(self.layers)), key=group_key)]
         buffers: list[torch.Tensor] = [None] * len(self.layers)  # type: ignore[list-item]
         for group in groups:
-            weights = [self.layers[i].base_layer.weight for i in group]
+            weights = [_base_weight(self.layers[i]) for i in group]
             block = weights[0].new_empty((sum(w.shape[0] for w in weights), *weights[0].shape[1:]))
             for i, part in zip(group, block.split([w.shape[0] for w in weights]), strict=True):
                 buffers[i] = part

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -79,25 +81,28 @@ class PlannedLinear(torch.nn.Module):
 class PlannedHead:
     """Swaps a model's output head for a `PlannedLinear` while sampling; the plan persists across calls."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.plan: HeadPlan | None = None
         """The current head's plan (made at its first sampling batch)."""
-        self._slot: tuple[torch.nn.Module, torch.nn.Module, str] | None = None
+        self._slot: tuple[torch.nn.Linear, torch.nn.Module, str] | None = None
         """(head, its parent, attribute): found once per head, not at every sampling batch."""
 
     @contextlib.contextmanager
     def applied(self, model: torch.nn.Module):
-        head = model.get_output_embeddings()
+        # a transformers model's method (nn.Module's attribute lookup is typed Tensor | Module)
+        head = cast(Callable[[], torch.nn.Module | None], model.get_output_embeddings)()
         if self._slot is None or self._slot[0] is not head:
-            slot = _slot_of(model, head) if type(head) is torch.nn.Linear else None
-            self._slot = (head, *slot) if slot is not None else None
+            self._slot = None
+            if type(head) is torch.nn.Linear:
+                slot = _slot_of(model, head)
+                self._slot = (head, *slot) if slot is not None else None
         if self._slot is None:
             yield  # another head type: left as it is
             return
-        if self.plan is None or self.plan.weight is not head.weight:
-            self.plan = HeadPlan(head.weight)
-        _, parent, attr = self._slot
-        setattr(parent, attr, PlannedLinear(head, self.plan))
+        linear, parent, attr = self._slot  # linear is head
+        if self.plan is None or self.plan.weight is not linear.weight:
+            self.plan = HeadPlan(linear.weight)
+        setattr(parent, attr, PlannedLinear(linear, self.plan))
         try:
             yield
         finally:

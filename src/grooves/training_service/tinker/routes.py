@@ -116,15 +116,36 @@ def _parse(raw: bytes) -> Any:
 
 
 def tinker_router(tinker: TinkerService) -> APIRouter:
+    """The Tinker API under /api/v1, route group by route group."""
     router = APIRouter(prefix="/api/v1")
-    service = tinker.service
+    futures = _Futures(tinker)
+    for routes in (
+        _client_routes,
+        _session_routes,
+        _model_routes,
+        _training_routes,
+        _weights_routes,
+        _sampling_routes,
+        _future_routes,
+    ):
+        routes(router, tinker, futures)
+    return router
 
-    def future(model_id: str | None, work, **extra) -> dict[str, Any]:
-        return {"request_id": tinker.futures.submit(caller(), work), "model_id": model_id, **extra}
 
-    def ordered(model, seq_id: int, body: bytes, work) -> dict[str, Any]:
+class _Futures:
+    """The SDK's futures: work submitted now, its result retrieved later by request id."""
+
+    def __init__(self, tinker: TinkerService):
+        self.tinker = tinker
+
+    def future(self, model_id: str | None, work, **extra) -> dict[str, Any]:
+        """`work` submitted as the caller's future: the SDK retrieves its result by request id."""
+        return {"request_id": self.tinker.futures.submit(caller(), work), "model_id": model_id, **extra}
+
+    def ordered(self, model, seq_id: int, body: bytes, work) -> dict[str, Any]:
         """`work` as a future that runs in the model's seq_id order on the model workers; a used
         seq_id is a 400 now, unless `body` is that request's own, sent again (its future again)."""
+        tinker = self.tinker
         order = tinker.orders[model.model_id]
         digest = hashlib.sha256(body).hexdigest()
         again = order.resent(seq_id, digest)
@@ -138,11 +159,15 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         async def run():
             return await order.run(seq_id, lambda: tinker.run(work))
 
-        answer = future(model.model_id, run)
+        answer = self.future(model.model_id, run)
         order.remember(seq_id, digest, answer["request_id"])
         return answer
 
-    # ---- the SDK's settings, health, capabilities ----------------------------------------------
+
+def _client_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """The SDK's settings, health and capabilities."""
+    service = tinker.service
+
     @router.post("/client/config")
     async def client_config():
         return {
@@ -179,7 +204,10 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
     async def telemetry():
         return {"status": "accepted"}
 
-    # ---- sessions ----------------------------------------------------------------------------
+
+def _session_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """Sessions: create, heartbeat, finish."""
+
     @router.post("/create_session")
     async def create_session():
         return {"type": "create_session", "session_id": tinker.create_session(caller()).session_id}
@@ -195,7 +223,11 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         tinker.finish(caller(), session_id)
         return None
 
-    # ---- models ------------------------------------------------------------------------------
+
+def _model_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """Training models: create one, its info."""
+    future = futures.future
+
     @router.post("/create_model")
     async def create_model(request: Request):
         body = _body(CreateModelBody, await _json(request))
@@ -234,7 +266,11 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
             "model_name": s.base_model,
         }
 
-    # ---- training ----------------------------------------------------------------------------
+
+def _training_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """forward_backward and optim_step, each a future in the model's seq_id order."""
+    ordered = futures.ordered
+
     @router.post("/forward_backward")
     async def forward_backward(request: Request):
         if request.headers.get("content-encoding", "identity") not in ("identity", ""):
@@ -261,7 +297,12 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         adam = AdamStep(**(body.adam_params or AdamBody()).model_dump())
         return ordered(model, body.seq_id, raw, lambda: model.optim_step(adam))
 
-    # ---- weights -----------------------------------------------------------------------------
+
+def _weights_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """Saved states and sampler weights: save, load, list, delete."""
+    future = futures.future
+    ordered = futures.ordered
+
     @router.post("/save_weights")
     async def save_weights(request: Request):
         raw = await request.body()
@@ -341,7 +382,11 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         await asyncio.to_thread(tinker.delete_checkpoint, caller(), model_id, checkpoint_id)
         return None
 
-    # ---- sampling ----------------------------------------------------------------------------
+
+def _sampling_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """Sampling sessions and their samples."""
+    future = futures.future
+
     @router.post("/create_sampling_session")
     async def create_sampling_session(request: Request):
         body = await _json(request)
@@ -403,7 +448,10 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         ids = [uuid.uuid4().hex for _ in range(n if isinstance(n, int) and 0 < n <= tinker.max_n else 1)]
         return future(None, run, sample_sequence_ids=ids)
 
-    # ---- futures -----------------------------------------------------------------------------
+
+def _future_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
+    """retrieve_future: a future's result, once it is ready."""
+
     @router.post("/retrieve_future")
     async def retrieve_future(request: Request):
         body = await _json(request)
@@ -417,8 +465,6 @@ def tinker_router(tinker: TinkerService) -> APIRouter:
         if isinstance(result, bytes):
             return Response(result, media_type=PROTOBUF)
         return JSONResponse(result)
-
-    return router
 
 
 def _adam_only(config: dict[str, Any] | None) -> None:

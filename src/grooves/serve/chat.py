@@ -74,12 +74,7 @@ def chat_router(
         for entry in models_body(policy, adapters)["data"]:
             if entry["id"] == model_id:
                 return entry
-        raise APIError(
-            404,
-            f"model {model_id!r} is not served here; available: {adapters.names()}",
-            "model",
-            "model_not_found",
-        )
+        raise not_served(model_id, adapters)
 
     @router.get("/health")
     async def health():
@@ -127,18 +122,25 @@ def health_body(policy: Policy, scheduler: BatchScheduler, adapters: ModelRoutes
     }
 
 
+def not_served(model: str, adapters: ModelRoutes) -> APIError:
+    """The 404 for a request that names a model this server does not serve."""
+    return APIError(
+        404, f"model {model!r} is not served here; available: {adapters.names()}", "model", "model_not_found"
+    )
+
+
+def require_served(model: str, adapters: ModelRoutes) -> None:
+    """A 404 (`not_served`) unless `adapters` routes `model`."""
+    if model not in adapters.names():
+        raise not_served(model, adapters)
+
+
 def check_request(
     req: ChatRequest, adapters: ModelRoutes, *, max_n: int, max_request_tokens: int | None
 ) -> int:
     """The request's max_tokens (256 unless it asks); a 404 for a model not served, a 400 for a field
     this server does not implement or a request past the server's `max_n` / `max_request_tokens`."""
-    if req.model not in adapters.names():
-        raise APIError(
-            404,
-            f"model {req.model!r} is not served here; available: {adapters.names()}",
-            "model",
-            "model_not_found",
-        )
+    require_served(req.model, adapters)
     check_fields(req)
     if req.n > max_n:
         raise APIError(400, f"n={req.n} is larger than this server's limit of {max_n}", "n")

@@ -45,7 +45,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion, SamplingParams
-from grooves.serve.chat import _sample_unless_gone, read_request, vocab_size
+from grooves.serve.chat import _sample_unless_gone, read_request, require_served, vocab_size
 from grooves.serve.errors import APIError
 from grooves.serve.routing import ModelRoutes, UnknownModel
 
@@ -138,13 +138,7 @@ def generate_router(
     async def generate(request: Request):
         req = await asyncio.to_thread(read_generate_request, await request.body())
         model = req.model or policy.served_name
-        if model not in adapters.names():
-            raise APIError(
-                404,
-                f"model {model!r} is not served here; available: {adapters.names()}",
-                "model",
-                "model_not_found",
-            )
+        require_served(model, adapters)
         params = sampling_params(req, policy, max_n=max_n, max_request_tokens=max_request_tokens)
         try:
             with adapters.lease(model) as route:

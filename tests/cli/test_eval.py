@@ -36,7 +36,7 @@ def toy_run(peaked_model_dir, tmp_path_factory):
             "optim": {"lr": 0.2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 8, "samples": 3},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
     run_dir = train(config)

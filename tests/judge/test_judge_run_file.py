@@ -57,7 +57,7 @@ def _run_file(tmp_path, model_dir, judge: dict) -> str:
         "optim": {"lr": 1e-2},
         "lora": {"rank": 2, "alpha": 4},
         "validation": {"every": 0, "scenarios": 2, "samples": 2},
-        "logging": {"progress": False},
+        "logging": {"progress": False, "report": False},
         "judge": {"model": "scripted-judge", "rubric": str(rubric), "cache": False, **judge},
     }
     path = tmp_path / "run.toml"

@@ -49,7 +49,7 @@ def _config(model_dir, out, **over):
         "optim": {"lr": 1e-2},
         "lora": {"rank": 2, "alpha": 4},
         "validation": {"every": 2, "scenarios": 4, "samples": 2},
-        "logging": {"progress": False},
+        "logging": {"progress": False, "report": False},
     }
     data.update(over)
     return parse_config(data)

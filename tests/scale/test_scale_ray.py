@@ -130,7 +130,7 @@ def _run_config(model_dir, out, runner):
             "optim": {"lr": 5e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 2},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
 

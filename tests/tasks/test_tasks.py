@@ -56,7 +56,7 @@ def test_environment_task_trains_with_the_rl_core(tiny_model_dir, tmp_path):
             "model": {"base_model": str(tiny_model_dir)},
             "rollout": {"group_size": 2, "groups_per_step": 1, "max_tokens": 8},
             "validation": {"every": 0, "scenarios": 1},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
     run_dir = train(config)

@@ -82,7 +82,7 @@ def test_a_run_trains_on_the_environment(tiny_model_dir, tmp_path):
             "rollout": {"group_size": 2, "groups_per_step": 2, "max_tokens": 4},
             "lora": {"rank": 2, "alpha": 4},
             "validation": {"every": 0, "scenarios": 2, "at_start": False},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
     rows = [json.loads(line) for line in (train(config) / "metrics.jsonl").read_text().splitlines()]

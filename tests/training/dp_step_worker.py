@@ -78,17 +78,22 @@ def run_step(policy, sync=None, **optim) -> dict:
 
 
 def main() -> None:
-    model_dir, out, dtype = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    """argv: the model folder, the output folder, then one or more dtypes: one step in each, written
+    to OUT/DTYPE/rank{R}.pt (one launch for several dtypes: a rank's start is most of its time)."""
+    model_dir, out, dtypes = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     from grooves.training.distributed import DataParallel
 
     torch.set_num_threads(1)
     dp = DataParallel.from_env()
     dp.start("cpu")
-    policy = build_policy(model_dir, dtype)
-    dp.broadcast_parameters([p for p in policy.model.parameters() if p.requires_grad])  # as the trainer does
-    result = run_step(policy, sync=dp)
-    result["shard"] = len(dp.shard(step_sequences()))
-    torch.save(result, out / f"rank{dp.rank}.pt")
+    for dtype in dtypes:
+        policy = build_policy(model_dir, dtype)
+        trainable = [p for p in policy.model.parameters() if p.requires_grad]
+        dp.broadcast_parameters(trainable)  # as the trainer does
+        result = run_step(policy, sync=dp)
+        result["shard"] = len(dp.shard(step_sequences()))
+        (out / dtype).mkdir(parents=True, exist_ok=True)
+        torch.save(result, out / dtype / f"rank{dp.rank}.pt")
     dp.close()
 
 

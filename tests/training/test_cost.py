@@ -57,7 +57,7 @@ def test_without_bars_a_run_says_its_plan_each_step_and_a_heartbeat_and_can_skip
             "model": {"base_model": str(peaked_model_dir)},
             "rollout": {"group_size": 2, "groups_per_step": 2, "max_tokens": 3},
             "validation": {"every": 0, "scenarios": 2, "final": False},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
     run_dir = loop.train(config)

@@ -52,15 +52,25 @@ def test_a_world_of_one_changes_nothing():
 
 
 # ---- one step on 2 ranks ------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_two_rank_step_equals_the_one_process_step(tiny_model_dir, tmp_path, dtype):
+DTYPES = ["float32", "float64"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_steps(tiny_model_dir, tmp_path_factory) -> Path:
+    """One torchrun launch of 2 gloo ranks, one step in each of DTYPES: OUT/DTYPE/rank{R}.pt."""
+    out = tmp_path_factory.mktemp("dp-steps")
+    cmd = [*TORCHRUN, str(HERE / "dp_step_worker.py"), str(tiny_model_dir), str(out), *DTYPES]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_two_rank_step_equals_the_one_process_step(tiny_model_dir, two_rank_steps, dtype):
     """Gradient (after the all_reduce and clipping) and updated adapter of 2 gloo ranks = one process's, to 1e-6."""
     from dp_step_worker import build_policy, run_step
 
-    cmd = [*TORCHRUN, str(HERE / "dp_step_worker.py"), str(tiny_model_dir), str(tmp_path), dtype]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = [torch.load(two_rank_steps / dtype / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert all(r["shard"] > 0 for r in ranks)  # both ranks computed a share of the step
     torch.set_num_threads(1)
     alone = run_step(build_policy(str(tiny_model_dir), dtype))
@@ -90,7 +100,7 @@ def _run_config(model_dir, out: Path):
             "optim": {"lr": 5e-2, "micro_batch_tokens": 4096, "lr_schedule": "cosine", "warmup_steps": 1},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 4},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
 
@@ -120,6 +130,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # three 2-rank launches, over a minute: make test-slow
 def test_kill_9_of_one_rank_then_resume_continues_exactly(peaked_model_dir, tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     (tmp_path / "full.toml").write_text(dump_config(_run_config(peaked_model_dir, full_dir)))

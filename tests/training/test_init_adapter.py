@@ -64,7 +64,7 @@ def _config(model_dir, out, init, algorithm=None, **lora):
             "optim": {"lr": 1e-2},
             "lora": {"rank": 4, "alpha": 8, **lora},
             "validation": {"every": 0, "scenarios": 2},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
 

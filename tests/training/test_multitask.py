@@ -129,7 +129,7 @@ def test_multitask_run_logs_per_task_metrics_and_resumes(tiny_model_dir, tmp_pat
                 "rollout": {"group_size": 2, "groups_per_step": 4, "max_tokens": 3},
                 "lora": {"rank": 2, "alpha": 4},
                 "validation": {"every": 0, "scenarios": 4},
-                "logging": {"progress": False},
+                "logging": {"progress": False, "report": False},
             }
         )
 

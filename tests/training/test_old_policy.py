@@ -30,7 +30,7 @@ def _config(model_dir, tmp_path, **rollout):
             "rollout": {"group_size": 4, "groups_per_step": 1, "max_tokens": 4, **rollout},
             "algorithm": {"tis_cap": 2.0, "eps_low": 0.2, "eps_high": 0.2, "aggregation": "token_mean"},
             "lora": {"rank": 4, "alpha": 8},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
 

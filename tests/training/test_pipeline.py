@@ -27,7 +27,7 @@ def _config(model_dir, out, **over):
         "optim": {"lr": 5e-2, "micro_batch_tokens": 4096},
         "lora": {"rank": 4, "alpha": 8},
         "validation": {"every": 0},
-        "logging": {"progress": False},
+        "logging": {"progress": False, "report": False},
     }
     for key, value in over.items():
         section, _, field = key.partition("__")

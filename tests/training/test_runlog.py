@@ -24,6 +24,27 @@ def test_a_line_cut_short_by_a_kill_is_dropped_and_resume_truncates_after_the_ch
     assert [r["step"] for r in log.rows()] == [0, 1, 2, 3]
 
 
+def test_the_reward_curve_is_redrawn_only_when_its_share_of_the_time_allows(tmp_path):
+    from grooves.training import runlog
+
+    log = RunLog(tmp_path)
+    log.log({"step": 1, "reward_mean": 0.5, "reward_std": 0.1})
+    curve = tmp_path / "reward_curve.png"
+    log.plot_if_due()  # the first redraw is always due
+    assert curve.is_file()
+    curve.unlink()
+    # the next is due once 1 / PLOT_SHARE times the last redraw's duration has passed: not at once
+    log.plot_if_due()
+    assert not curve.exists()
+    assert log._plot_seconds > 0 and runlog.PLOT_SHARE == 0.1
+    log._plotted_at -= log._plot_seconds / runlog.PLOT_SHARE  # that much time has passed
+    log.plot_if_due()
+    assert curve.is_file()
+    curve.unlink()
+    log.plot()  # the end of a run draws it whatever the time
+    assert curve.is_file()
+
+
 def test_a_corrupt_line_before_the_end_is_an_error_naming_the_file_and_line(tmp_path):
     log = RunLog(tmp_path)
     log.metrics_path.write_text('{"step": 0}\nnot json\n{"step": 2}\n')

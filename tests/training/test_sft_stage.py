@@ -45,7 +45,7 @@ def _data(model_dir, out, demos, **over) -> dict:
         "rollout": {"group_size": 2, "groups_per_step": 1, "max_tokens": 4},
         "optim": {"lr": 1e-12},  # RL barely moves: its adapter stays the SFT stage's
         "validation": {"every": 0, "scenarios": 1, "samples": 1},
-        "logging": {"progress": False},
+        "logging": {"progress": False, "report": False},
         "sft": {"data": demos, "batch_size": 2, "steps": 3, "lr": 5e-2, "checkpoint_every": 1},
     }
     data.update(over)

@@ -29,7 +29,7 @@ class FlatTask(ToyTokensTask):
         return traj
 
 
-def _config(model_dir, out, **rollout):
+def _config(model_dir, out, report=False, **rollout):
     return parse_config(
         {
             "name": "sparse",
@@ -42,7 +42,7 @@ def _config(model_dir, out, **rollout):
             "optim": {"lr": 1e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 0, "scenarios": 2, "samples": 1},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": report},
             "checkpoint": {"every": 1},
         }
     )
@@ -106,7 +106,7 @@ def test_a_run_that_starts_warm_is_not_told_to_start_warm():
 
 def test_a_run_with_flat_groups_warns_in_one_line_and_in_the_report(tiny_model_dir, tmp_path, capsys):
     task = FlatTask(set(range(8)), **TASK)
-    run_dir = train(_config(tiny_model_dir, tmp_path / "run"), task=task)
+    run_dir = train(_config(tiny_model_dir, tmp_path / "run", report=True), task=task)
     rows = _steps(run_dir)
     assert [r["groups_zero_variance_fraction"] for r in rows] == [1.0] * 4
     assert [r["sparse_rewards"] for r in rows] == [1.0] * 4 and all(r["refill_draws"] == 0 for r in rows)
@@ -134,7 +134,7 @@ def test_refill_draws_until_the_step_has_groups_with_signal(tiny_model_dir, tmp_
 
 
 def test_refill_stops_at_its_bound(tiny_model_dir, tmp_path, capsys):
-    config = _config(tiny_model_dir, tmp_path / "run", refill_zero_variance=True, max_refill_draws=3)
+    config = _config(tiny_model_dir, tmp_path / "run", True, refill_zero_variance=True, max_refill_draws=3)
     run_dir = train(config, task=FlatTask(set(range(8)), **TASK))
     rows = _steps(run_dir)
     assert [r["refill_draws"] for r in rows] == [3.0] * 4

@@ -48,7 +48,13 @@ def _config(model_dir, out, report_to, **logging):
             "optim": {"lr": 5e-2, "lr_schedule": "linear"},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 2, "scenarios": 4},
-            "logging": {"progress": False, "report_to": report_to, "project": "grooves-test", **logging},
+            "logging": {
+                "progress": False,
+                "report": False,
+                "report_to": report_to,
+                "project": "grooves-test",
+                **logging,
+            },
         }
     )
 

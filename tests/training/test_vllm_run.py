@@ -33,7 +33,7 @@ def test_each_steps_adapter_samples_the_next_step_and_the_mismatch_stays_at_floa
             "optim": {"lr": 5e-2},
             "lora": {"rank": 4, "alpha": 8},
             "validation": {"every": 3, "scenarios": 8},
-            "logging": {"progress": False},
+            "logging": {"progress": False, "report": False},
         }
     )
     run_dir = train(config)

@@ -150,7 +150,9 @@ def test_a_sampler_samples_the_weights_it_was_saved_with(server, tiny_model_dir)
         assert np.abs(np.array(after) - np.array(before)).max() > 1e-3  # the live weights did change
         again = sampler.sample(prompt, 2, params).result()
         assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
-        assert [s.logprobs for s in again.sequences] == [s.logprobs for s in first.sequences]
+        for seq, was in zip(again.sequences, first.sequences, strict=True):
+            # the sampler batches by arrival, and a row rounds by its batch: a tolerance, not bits
+            assert np.allclose(seq.logprobs, was.logprobs, atol=1e-4), (seq.logprobs, was.logprobs)
         newer = tc.save_weights_and_get_sampling_client().result()
         moved = newer.compute_logprobs(
             types.ModelInput.from_ints(PROMPT + list(first.sequences[0].tokens))
@@ -360,13 +362,15 @@ def test_malformed_protobuf_unknown_models_and_reused_seq_ids_are_refused(server
         assert r.status_code == 404
 
 
-def test_requests_run_in_seq_id_order_whatever_order_they_arrive_in(server, tiny_model_dir):
+def test_requests_run_in_seq_id_order_whatever_order_they_arrive_in(server, tiny_model_dir, monkeypatch):
     """seq 2 (an optimizer step) sent before seq 1 (its gradient) waits for it: the step applies the gradient."""
     url, app = server
     headers = {"X-API-Key": ALICE}
     with client(url) as sc:
         tc = sc.create_lora_training_client(base_model=str(tiny_model_dir), rank=4).result()
         before = trained(app, tc.model_id)
+        # a poll of a request still waiting answers try_again after the futures' wait (20 s by default)
+        monkeypatch.setattr(app.state.tinker.futures, "wait", 1.0)
         r2 = httpx.post(
             f"{url}/api/v1/optim_step",
             json={"model_id": tc.model_id, "seq_id": 2, "adam_params": {"learning_rate": 0.01}},

@@ -42,3 +42,7 @@ class RunLoggingConfig(LoggingConfig):
     samples_every: int = Field(1, ge=1)
     """Write all trajectories of every K-th step to samples/ (validation's are written at every
     validation)."""
+    report: bool = True
+    """Write report.html (the curves, the watch's findings, the best and worst samples) when the run
+    ends. Its figures take matplotlib several seconds to draw; a sweep of many short runs can turn
+    it off and write the report of any run later with `grooves report RUN_DIR`."""

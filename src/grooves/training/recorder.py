@@ -3,9 +3,10 @@
 `Recorder` is called once per step with the step's metrics and groups. It runs the step's
 observers (the reward-hacking watch and the caller's), then on rank 0 writes the run folder:
 the metrics row (and the experiment trackers `logging.report_to` names), the step's samples
-(`logging.samples_every`), a checkpoint when `[checkpoint]` says one is due, the reward curve,
-and the progress bar or step line. It answers whether the watch paused the run. Validation
-metrics and samples go through it too, and `finish` writes the report.
+(`logging.samples_every`), a checkpoint when `[checkpoint]` says one is due, the reward curve
+(when its redraw is due: `RunLog.plot_if_due`), and the progress bar or step line. It answers
+whether the watch paused the run. Validation metrics and samples go through it too, and `finish`
+draws the curve and writes the report (`logging.report`).
 
 Observers may add metrics; they never change training.
 """
@@ -102,7 +103,7 @@ class Recorder:
                 force=pause,
                 extra=extra,
             )
-            self.log.plot()
+            self.log.plot_if_due()
             self.progress.step(
                 metrics, reward=f"{metrics['reward_mean']:.3f}", step_s=f"{metrics['seconds_step']:.1f}"
             )
@@ -118,8 +119,10 @@ class Recorder:
     def finish(self) -> None:
         """The run ended (its last step, or a pause): the progress display closes, the report is written."""
         self.progress.close()
-        if self.s.dp.main:
-            write_report(self.s.run_dir)
+        if self.log is not None:
+            self.log.plot()
+            if self.s.config.logging.report:
+                write_report(self.s.run_dir)
 
 
 class _WatchObserver:

@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,10 @@ def clear_run_outputs(run_dir: Path) -> None:
             path.unlink()
 
 
+PLOT_SHARE = 0.1
+"""The largest share of a run's wall time that redrawing the reward curve after its steps may take."""
+
+
 class RunLog:
     """metrics.jsonl, samples/ and the reward curve; every row and samples file also goes to the
     run's experiment trackers (`trackers`), if any."""
@@ -128,6 +133,8 @@ class RunLog:
         (self.dir / "samples").mkdir(exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.trackers = trackers
+        self._plotted_at: float | None = None
+        self._plot_seconds = 0.0
 
     def close(self) -> None:
         """Finish the trackers' runs (metrics.jsonl needs no closing)."""
@@ -159,6 +166,18 @@ class RunLog:
         """The groups `samples` kept for training step `step`, or None when that step kept none."""
         path = self.dir / "samples" / f"step_{step:06d}.jsonl"
         return read_groups(path) if path.exists() else None
+
+    def plot_if_due(self) -> None:
+        """Redraw reward_curve.png unless the last redraw was too recent to be worth another: drawing
+        takes matplotlib a few tenths of a second, so the curve is redrawn at most once per
+        `PLOT_SHARE`-th of the time since the last one (a step of a second or less redraws it every
+        few steps; a real model's step of seconds, every step). The end of a run always redraws it."""
+        now = time.perf_counter()
+        if self._plotted_at is not None and now - self._plotted_at < self._plot_seconds / PLOT_SHARE:
+            return
+        self.plot()
+        self._plotted_at = time.perf_counter()
+        self._plot_seconds = self._plotted_at - now
 
     def plot(self) -> Path:
         """Redraw reward_curve.png from metrics.jsonl."""

@@ -318,3 +318,31 @@ def test_entropy_of_peaked_rows_matches_a_float64_reference():
     z = logits.double() / 0.7
     reference = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)  # [M]
     assert (entropy.double() - reference).abs().max() < 1e-5
+
+
+def test_entropy_of_very_peaked_rows_is_within_1e_6_relative_of_a_float64_reference():
+    """Logits of scale 100, the runner-up 1 to 20 below the top (2 to 40 at T = 0.5): entropies from
+    1e-15 to 5. Taken relative to the row max, every term of -sum p log p is a product of nonnegative
+    numbers, so float32 keeps its relative precision; z - logsumexp(z) near 100 cost 1e-5 absolute."""
+    g = torch.Generator().manual_seed(0)
+    rows, vocab = 128, 2048
+    top = 100 + 20 * torch.randn(rows, 1, generator=g)  # [M, 1]
+    gap = 1 + 19 * torch.rand(rows, 1, generator=g)  # [M, 1]
+    logits = top - gap - 60 * torch.rand(rows, vocab, generator=g)  # [M, V]
+    logits[:, 0] = top[:, 0]
+    logits = logits.gather(-1, torch.rand(rows, vocab, generator=g).argsort(-1))  # the top anywhere
+    temps = torch.tensor([1.0, 0.5]).repeat(rows // 2)  # [M]
+    _, entropy = target_logprobs(logits, torch.arange(rows), torch.zeros(rows, dtype=torch.long), temps)
+    z = (logits / temps[:, None]).double()  # the float32 logits the entropy is taken of, in float64
+    # float64 relative to the max: s = z - max(z) is exact, and log Z = log1p(the mass beside the max)
+    # keeps the top token's log p (about -1e-17 on the most peaked rows, whose entropy is 3e-15),
+    # which float64's z - logsumexp(z) near 200 rounds to a multiple of 3e-14
+    s = z - z.max(-1, keepdim=True).values  # [M, V]
+    beside = s.exp().sort(-1).values[:, :-1].sum(-1, keepdim=True)  # [M, 1]: all but the max's exp(0)
+    logp = s - torch.log1p(beside)  # [M, V]
+    reference = -(logp.exp() * logp).sum(-1)  # [M]
+    naive = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)  # right where the entropy is not tiny
+    flat = reference > 1e-4
+    assert torch.allclose(naive[flat], reference[flat], rtol=1e-7, atol=0.0)
+    assert reference.min() < 1e-6 and reference.max() > 1  # very peaked rows and flat ones
+    assert ((entropy.double() - reference).abs() / reference).max() < 1e-6

@@ -228,3 +228,67 @@ def test_a_prefill_in_chunks_samples_what_one_forward_samples(model_and_tokenize
         assert [c.token_ids for c in a] == [c.token_ids for c in b]
         for x, y in zip(a, b, strict=True):
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+def test_a_top_p_1_row_draws_from_its_whole_distribution_beside_a_top_p_batch_mate(monkeypatch):
+    """A seeded top_p = 1 row samples as it does alone when a batch-mate cuts its own distribution
+    (top_p < 1) and asks for more top logprobs: the batch-mate's cut reaches no other row, and its
+    own cut keeps the smallest prefix reaching its top_p, as before."""
+    from grooves.policy import sampling
+    from grooves.policy.sampling import _Row, _sample_rows
+
+    vocab = 4096
+    # a long tail: float32's running sum of the sorted probabilities passes 1 before its end
+    wide = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 5  # [V]
+    head = torch.full((vocab,), float("-inf"))
+    head[:4] = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()  # top_p 0.7 keeps tokens 0 and 1
+    seen: list[torch.Tensor] = []  # the probabilities each draw was taken from
+    inverse_cdf = sampling._inverse_cdf
+    monkeypatch.setattr(sampling, "_inverse_cdf", lambda p, u: seen.append(p.clone()) or inverse_cdf(p, u))
+
+    def own(seed: int) -> _Row:
+        g = torch.Generator().manual_seed(seed)
+        return _Row(request=0, temperature=1.0, top_p=1.0, max_tokens=1, stop=[], generator=g, top_k=2)
+
+    mate = _Row(request=1, temperature=1.0, top_p=0.7, max_tokens=1, stop=[], top_k=5)
+    for seed in range(16):
+        alone = _sample_rows(wide[None].clone(), [own(seed)], torch.Generator().manual_seed(1))
+        beside = _sample_rows(torch.stack([wide, head]), [own(seed), mate], torch.Generator().manual_seed(2))
+        assert beside[0][0].item() == alone[0][0].item()
+        assert beside[1][0].item() == pytest.approx(alone[1][0].item(), abs=1e-6)
+        assert beside[2] is not None and alone[2] is not None
+        assert [t for t, _ in beside[2][0]] == [t for t, _ in alone[2][0]]
+        assert [v for _, v in beside[2][0]] == pytest.approx([v for _, v in alone[2][0]], abs=1e-6)
+        assert len(beside[2][1]) == 5
+        assert beside[1][1].item() == pytest.approx(
+            torch.tensor([0.5, 0.3, 0.15, 0.05])[beside[0][1]].log().item()
+        )
+        assert beside[0][1].item() in (0, 1)
+    # what the draws were taken from: the top_p = 1 row whole, the batch-mate's row cut to 2 tokens
+    for probs in seen:
+        assert bool((probs[0] > 0).all())
+        assert probs[0].double().sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert seen[-1][1, :4].tolist() == pytest.approx([0.5, 0.3, 0.0, 0.0], abs=1e-6)
+    assert int((seen[-1][1] > 0).sum()) == 2
+
+
+def test_a_seeded_top_p_1_request_samples_the_same_beside_a_top_p_or_a_plain_batch_mate(model_and_tokenizer):
+    """The same batch twice, once with a batch-mate at top_p = 0.6 asking for top logprobs and once
+    with a plain one: the seeded top_p = 1 request draws the same tokens, with a plain forward's
+    logprobs. (The batches have the same rows at every step, so only the batch-mate's settings differ.)"""
+    model, tok = model_and_tokenizer
+    prompt, other = _ids(tok, "hello world"), _ids(tok, "The quick brown fox")
+    mine = SamplingParams(n=8, max_tokens=16, temperature=1.0, seed=11)
+    plain = _run(model, tok, [prompt, other], [mine, SamplingParams(n=2, max_tokens=16, seed=5)], eos=set())
+    cut = _run(
+        model,
+        tok,
+        [prompt, other],
+        [mine, SamplingParams(n=2, max_tokens=16, seed=5, top_p=0.6, top_logprobs=4)],
+        eos=set(),
+    )
+    assert [c.token_ids for c in cut[0]] == [c.token_ids for c in plain[0]]
+    for c in cut[0]:
+        expected, _ = _forward_logprobs(model, prompt, c.token_ids, 1.0)
+        assert (torch.tensor(c.logprobs) - expected).abs().max().item() < 1e-4
+    assert all(len(t) == 4 for c in cut[1] for t in c.top_logprobs or [])

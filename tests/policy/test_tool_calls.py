@@ -376,3 +376,84 @@ def test_the_policy_counts_and_logs_a_call_cut_at_max_tokens(tiny_model_dir, cap
     assert [r.getMessage() for r in caplog.records] == [
         f"tool call cut at max_tokens (returned with its arguments as far as written): {text!r}"
     ]
+
+
+# ---- a string argument that holds the tags themselves: blocks are read by their JSON ----
+
+TAGS_IN_ARGUMENTS = [
+    (
+        SmolLM2Syntax(),
+        'Sure. <tool_call>[{"name": "get_weather", "arguments": {"city": "a </tool_call> b <tool_call> c"}}]</tool_call>',
+        "Sure.",
+        [("get_weather", {"city": "a </tool_call> b <tool_call> c"})],
+    ),
+    (
+        HermesSyntax(),
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "<tool_call>x</tool_call>"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call> done',
+        "done",
+        [("get_weather", {"city": "<tool_call>x</tool_call>"}), ("get_time", {})],
+    ),
+    (  # arguments as a JSON string, the tags inside its escaped JSON
+        HermesSyntax(),
+        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"</tool_call><tool_call>\\"}"}</tool_call>',
+        None,
+        [("get_weather", {"city": "</tool_call><tool_call>"})],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TAGS_IN_ARGUMENTS)))
+def test_a_call_whose_string_argument_holds_the_tags_is_read_whole_streamed_or_not(case):
+    syntax, text, content, want = TAGS_IN_ARGUMENTS[case]
+    parsed = syntax.parse(text, TOOLS)
+    # before: the first </tool_call> inside the string ended the block, and the call stayed in content as markup
+    assert calls(parsed) == want
+    assert parsed.content == content and parsed.unparsed == []
+    for chunk in (1, 5, len(text)):
+        stream = CallStream(syntax, TOOLS)
+        sent, streamed_calls = "", []
+        for i in range(0, len(text), chunk):
+            piece, found = stream.feed(text[i : i + chunk])
+            sent, streamed_calls = sent + piece, streamed_calls + found
+            assert "<tool_call>" not in sent  # no markup goes out as content on the way
+        piece, found, _ = stream.finish()
+        assert ((sent + piece).strip() or None) == content
+        assert [
+            (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed_calls + found
+        ] == want
+
+
+def test_a_call_cut_inside_a_string_argument_that_holds_the_tags_is_read_as_far_as_written():
+    text = '<tool_call>[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "x</tool_call> <tool_call>y'
+    parsed = SmolLM2Syntax().parse_cut(text, TOOLS)
+    assert parsed.content is None and parsed.unparsed == []
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls] == [
+        ("get_time", "{}"),
+        ("get_weather", '{"city": "x</tool_call> <tool_call>y'),
+    ]
+    assert parsed.cut is not None and parsed.cut.last == "partial"
+    stream = CallStream(SmolLM2Syntax(), TOOLS)
+    sent = "".join(stream.feed(text[i : i + 3])[0] for i in range(0, len(text), 3))
+    piece, found, _ = stream.finish(cut=True)
+    assert (sent + piece).strip() == "" and [c["function"]["name"] for c in found] == [
+        "get_time",
+        "get_weather",
+    ]
+
+
+def test_a_block_that_is_no_json_still_ends_at_its_first_closing_tag():
+    bad = '<tool_call>{"name": "get_time", "arguments": {}</tool_call>'
+    text = bad + ' then <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    parsed = HermesSyntax().parse(text, TOOLS)
+    assert calls(parsed) == [("get_time", {})]
+    assert [u.text for u in parsed.unparsed] == [bad] and parsed.content == bad + " then"
+    stream = CallStream(HermesSyntax(), TOOLS)
+    sent, streamed_calls = "", []
+    for i in range(0, len(text), 4):
+        piece, found = stream.feed(text[i : i + 4])
+        sent, streamed_calls = sent + piece, streamed_calls + found
+        if i + 4 >= len(bad):
+            assert sent.startswith(bad)  # the bad block goes out once its closing tag settles it
+    piece, found, _ = stream.finish()
+    assert (sent + piece).strip() == bad + " then" and len(streamed_calls + found) == 1

@@ -16,6 +16,8 @@ Logprobs are `log_softmax(logits / temperature)` at the sampled token: the full 
 that temperature, before top-p truncation. The trainer computes the same quantity, so the PPO
 ratio compares like with like; with top_p < 1 the sampler draws from a truncated distribution,
 which makes training slightly off-policy, so training runs default to top_p = 1.
+Each row's top-p cut and top logprobs are its own: a row with top_p = 1 is never cut, and a
+seeded row draws from its own generator, so its draws do not depend on its batch-mates' settings.
 
 A row's logits can pass through per-row hooks before the temperature (`policy/logits.py`): the
 request's `logit_bias`, its frequency and presence penalties, and a grammar mask for constrained
@@ -177,14 +179,12 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
     greedy = torch.tensor([r.temperature == 0 for r in rows], device=device)  # [R]
     scaled = logits / temps[:, None]  # [R, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [R, V]
-    probs = logp.exp()
-    top_ps = torch.tensor([r.top_p for r in rows], dtype=logits.dtype, device=device)
-    if bool((top_ps < 1).any()):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        cum = sorted_p.cumsum(dim=-1)
-        drop = (cum - sorted_p) > top_ps[:, None]  # keep the smallest prefix reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    probs = logp.exp()  # [R, V]
+    cut = [j for j, r in enumerate(rows) if r.top_p < 1]
+    if cut:  # only these rows: a row with top_p = 1 keeps every token whatever its batch-mates ask
+        top_ps = torch.tensor([rows[j].top_p for j in cut], dtype=logits.dtype, device=device)  # [C]
+        index = torch.tensor(cut, device=device)
+        probs[index] = _top_p_cut(probs[index], top_ps)
     # inverse-CDF draws: one uniform per row (from its own generator when seeded, so its draws
     # don't depend on its batch-mates) and one batched search, instead of torch.multinomial's
     # exponential noise over the whole vocabulary for every row. The generators are CPU ones, so a
@@ -202,11 +202,30 @@ def _sample_rows(logits: torch.Tensor, rows: list[_Row], generator: torch.Genera
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
         logp = torch.where(greedy[:, None], torch.log_softmax(logits, dim=-1), logp)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    k = max(r.top_k for r in rows)
-    top = top_logprobs(logp, k) if k > 0 else None
-    if top is not None:
-        top = [t[: r.top_k] for t, r in zip(top, rows, strict=True)]
-    return tokens, chosen, top
+    return tokens, chosen, _row_top_logprobs(logp, rows)
+
+
+def _top_p_cut(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Each row of probs [C, V] cut to the smallest set of its most likely tokens reaching its top_p [C]."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(dim=-1)
+    drop = (cum - sorted_p) > top_ps[:, None]  # keep the smallest prefix reaching top_p
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
+
+
+def _row_top_logprobs(logp: torch.Tensor, rows: list[_Row]) -> list[list[tuple[int, float]]] | None:
+    """Each row's own `top_k` most likely tokens of logp [R, V] (empty for rows that did not ask);
+    None when no row asked. Rows are grouped by k, so tied tokens are listed as the row alone lists them."""
+    ks = {r.top_k for r in rows if r.top_k > 0}
+    if not ks:
+        return None
+    top: list[list[tuple[int, float]]] = [[] for _ in rows]
+    for k in ks:
+        same = [j for j, r in enumerate(rows) if r.top_k == k]
+        asked = logp if len(same) == len(rows) else logp[torch.tensor(same, device=logp.device)]  # [S, V]
+        for j, t in zip(same, top_logprobs(asked, k), strict=True):
+            top[j] = t
+    return top
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

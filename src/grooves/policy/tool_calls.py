@@ -14,10 +14,12 @@ model to write calls in it (`tool_choice` "required" or a named function, `polic
   `tokenizer.parse_response`) is read with transformers' own parser first (`DeclaredSyntax`).
 
 Every syntax takes the arguments from `arguments` or `parameters` (Llama's name), as an object or
-a JSON string of one. A call cut short at `max_tokens` is read by `parse_cut`: the whole calls of
-its block as usual, and the cut one, once its name is whole, with its arguments as far as they
-were written (a string that is not yet JSON, as OpenAI returns a call cut at `max_tokens`); a cut
-call whose name is not whole is left out. Either way no call markup reaches `content`. Nothing is
+a JSON string of one. A `<tool_call>` block is read by its JSON's structure: it ends at the first
+`</tool_call>` after its JSON value, so a string argument may hold either tag (`tagged_block_end`).
+A call cut short at `max_tokens` is read by `parse_cut`: the whole calls of its block as usual,
+and the cut one, once its name is whole, with its arguments as far as they were written (a string
+that is not yet JSON, as OpenAI returns a call cut at `max_tokens`); a cut call whose name is not
+whole is left out. Either way no call markup reaches `content`. Nothing is
 dropped silently: a call-like block that does not parse (invalid
 JSON, an undeclared tool name, arguments that are not an object, both keys with different values,
 unknown keys) stays in `content` as the model wrote it and is listed in `ParsedOutput.unparsed`
@@ -27,7 +29,8 @@ call: the agent and the reward see the text.
 Libraries looked at for this: transformers' response templates are used where a tokenizer
 declares one; vLLM's tool parsers (hermes, llama3_json, ...) do this for vLLM's server but come
 only with vLLM and its CUDA torch; `partial-json-parser` parses incomplete JSON, which streaming
-needs, not this. The three syntaxes above are short regular expressions plus `json.loads`.
+needs, not this. The three syntaxes above are `json.JSONDecoder.raw_decode` and `json.loads`
+plus a little scanning.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 _LOOKS_LIKE_JSON_CALL = re.compile(r'^\s*(?:<\|python_tag\|>\s*)?\{\s*"name"\s*:')
 _CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
@@ -176,20 +180,20 @@ class CallSyntax(Protocol):
 
 def parse_tagged(text: str, tools: list[dict[str, Any]] | None) -> ParsedOutput:
     """`<tool_call>...</tool_call>` blocks (an object or a list each); the rest, and blocks that do not parse, is content."""
-    if not tools or "<tool_call>" not in text:
+    if not tools or OPEN_TAG not in text:
         return ParsedOutput(content=text, tool_calls=[])
     names = declared_names(tools)
     calls: list[dict[str, Any]] = []
     unparsed: list[UnparsedCall] = []
     kept: list[str] = []
     last = 0
-    for m in TOOL_CALL_BLOCK.finditer(text):
-        found, reason = _read_payload(m.group(1), names)
+    for start, inner, end in _tagged_blocks(text):
+        found, reason = _read_payload(text[start + len(OPEN_TAG) : inner].strip(), names)
         if found is None:
-            unparsed.append(UnparsedCall(m.group(0), reason))
+            unparsed.append(UnparsedCall(text[start:end], reason))
             continue
-        kept.append(text[last : m.start()])
-        last = m.end()
+        kept.append(text[last:start])
+        last = end
         calls.extend(found)
     kept.append(text[last:])
     return ParsedOutput(content=_content(kept), tool_calls=calls, unparsed=unparsed)
@@ -203,6 +207,74 @@ def _skip(text: str, i: int) -> int:
     space = _SPACE.match(text, i)
     assert space is not None  # \s* matches at every position
     return space.end()
+
+
+def tagged_block_end(
+    text: str, start: int, *, final: bool = True, cut: bool = False
+) -> tuple[int, int] | None:
+    """Where the `<tool_call>` block opening at `start` ends: (the end of its payload, the end of the
+    block: past its closing tag, or the end of the text when it has none); None when more text could
+    still change it (`final` False: the text is still growing).
+
+    The block is read by its JSON's structure: its closing tag is the first `</tool_call>` after
+    the JSON value (`json.JSONDecoder.raw_decode`), so a string argument may hold either tag. A
+    payload that is no JSON value ends at the first closing tag after the opening one, as the
+    model wrote it; one followed by other text than its closing tag, at the first after the value.
+    With `cut` (the text ended at max_tokens), a payload that may still become a JSON value (no
+    closing tag outside its strings) runs to the end of the text: the call being written.
+    """
+    body = start + len(OPEN_TAG)
+    i = _skip(text, body)
+    try:
+        _, after = _DECODER.raw_decode(text, i)
+    except (json.JSONDecodeError, RecursionError):  # no JSON value (yet): the first closing tag ends it
+        # while no closing tag stands outside its strings, the value may still be being written
+        if not _closed_outside_strings(text, i):
+            if not final:
+                return None
+            if cut:
+                return len(text), len(text)
+        after = body
+    else:
+        k = _skip(text, after)
+        if text.startswith(CLOSE_TAG, k):
+            return k, k + len(CLOSE_TAG)
+        if CLOSE_TAG.startswith(text[k:]):  # the text ends after the value, or inside its closing tag
+            return (len(text), len(text)) if final else None
+    close = text.find(CLOSE_TAG, after)
+    if close >= 0:
+        return close, close + len(CLOSE_TAG)
+    return (len(text), len(text)) if final else None
+
+
+def _closed_outside_strings(text: str, i: int) -> bool:
+    """Whether a `</tool_call>` follows `i` outside the JSON strings that open after it. Then no text
+    appended can make a JSON value of what starts at `i`, if it is none now: `<` is JSON only in a string."""
+    in_string = escaped = False
+    for k in range(i, len(text)):
+        ch = text[k]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "<" and text.startswith(CLOSE_TAG, k):
+            return True
+    return False
+
+
+def _tagged_blocks(text: str, *, cut: bool = False) -> Iterator[tuple[int, int, int]]:
+    """(start, end of payload, end) of each `<tool_call>` block of a whole text, in order (`tagged_block_end`)."""
+    pos = 0
+    while (start := text.find(OPEN_TAG, pos)) >= 0:
+        found = tagged_block_end(text, start, cut=cut)
+        assert found is not None  # a whole text settles every block
+        yield start, *found
+        pos = found[1]
 
 
 def _cut_fields(text: str, i: int) -> tuple[dict[str, Any], str | None, str]:
@@ -292,13 +364,15 @@ def parse_tagged_cut(text: str, tools: list[dict[str, Any]] | None) -> ParsedOut
     the tag itself at the very end) is read as calls being written (`read_cut_calls`), not kept as text."""
     if not tools:
         return parse_tagged(text, tools)
-    start = text.rfind("<tool_call>")
+    blocks = list(_tagged_blocks(text, cut=True))
     found: list[dict[str, Any]] | None
-    if start < 0 or "</tool_call>" in text[start:]:
-        start = _safe_end(text, 0, "<tool_call>")  # the text ends inside the tag, or outside any block
-        found, last = ([], "nameless") if start < len(text) else (None, "")
+    if blocks and blocks[-1][1] == blocks[-1][2] == len(text):  # the last block has no closing tag
+        start = blocks[-1][0]
+        found, last = read_cut_calls(text, start + len(OPEN_TAG), declared_names(tools))
     else:
-        found, last = read_cut_calls(text, start + len("<tool_call>"), declared_names(tools))
+        # the text ends inside the tag, or outside any block
+        start = _safe_end(text, blocks[-1][2] if blocks else 0, OPEN_TAG)
+        found, last = ([], "nameless") if start < len(text) else (None, "")
     if found is None:  # no call being written: parsed as any text (a block that does not parse stays text)
         return parse_tagged(text, tools)
     head = parse_tagged(text[:start], tools)
@@ -577,22 +651,28 @@ class CallStream:
         content = ""
         calls: list[dict[str, Any]] = []
         while True:
-            start = self.text.find("<tool_call>", self._sent)
+            start = self.text.find(OPEN_TAG, self._sent)
             if start < 0:
-                held = (
-                    len(self.text) if final and not cut else _safe_end(self.text, self._sent, "<tool_call>")
-                )
+                held = len(self.text) if final and not cut else _safe_end(self.text, self._sent, OPEN_TAG)
                 content += self._release(held)
                 if cut:  # a tag cut at max_tokens is no text: left out, as `parse_cut` leaves it out
                     self._sent = len(self.text)
                 return content, calls
             content += self._release(start)
-            end = self.text.find("</tool_call>", start)
-            if end < 0 and not final:
+            ends = tagged_block_end(self.text, start, final=final, cut=cut)
+            if ends is None:
                 return content, calls
-            stop = len(self.text) if end < 0 else end + len("</tool_call>")
+            read = None
+            if cut and ends[0] == ends[1]:  # the block the cut came in
+                read = parse_tagged_cut(self.text[start:], self.tools)
+                if read.cut is None:  # no call being written: the rest reads as a whole text, as there
+                    cut, read = False, None
+                    ends = tagged_block_end(self.text, start)
+            assert ends is not None  # a final text settles every block
+            stop = ends[1]
             block = self.text[start:stop]
-            read = (parse_tagged_cut if cut and end < 0 else parse_tagged)(block, self.tools)
+            if read is None:
+                read = parse_tagged(block, self.tools)
             self._sent = stop
             if read.tool_calls or read.cut:
                 calls.extend(read.tool_calls)

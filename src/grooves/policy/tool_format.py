@@ -28,7 +28,6 @@ import json
 from typing import Any, Protocol
 
 from grooves.policy.tool_calls import (
-    TOOL_CALL_BLOCK,
     CallSyntax,
     DeclaredSyntax,
     ParsedOutput,
@@ -36,8 +35,6 @@ from grooves.policy.tool_calls import (
     parse_tagged,
     syntax_for_template,
 )
-
-TOOL_CALL_RE = TOOL_CALL_BLOCK
 
 SMOLLM2_TOOL_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible "

@@ -59,14 +59,12 @@ def train_step(
     this rank's share of it, see `optimize`), and the adapter is the next version. The update and
     the version bump happen under the policy's lock, so no sampling batch sees the new weights
     under the old version. `history` (`needs_history`: truncated importance sampling of stale
-    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's.
+    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's;
+    turns whose old logprobs cannot be taken are refused first (`check_versions`).
     """
     live = policy.adapters.version
     staleness = staleness_stats(groups, live, config.rollout.max_staleness)
-    if history is not None:
-        # refused before any work, not in the middle of the step
-        versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
-        history.require({v for v in versions if v is not None} - {live})
+    check_versions(groups, live, config, history)  # refused before any work, not in the middle of the step
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
         if history is not None:
@@ -85,6 +83,26 @@ def needs_history(config: RunConfig) -> bool:
     versions old: the trainer's old logprobs are those under each turn's version (`old_policy`), so a
     caller of `train_step` keeps an `AdapterHistory` of that many versions and passes it."""
     return config.algorithm.tis_cap is not None and config.rollout.max_staleness > 0
+
+
+def check_versions(
+    groups: list[TrajectoryGroup], live: int, config: RunConfig, history: AdapterHistory | None
+) -> None:
+    """Refuse, before a step changes anything, turns whose old logprobs it cannot take: under
+    `needs_history`, a turn that records no adapter version (it may be stale, and the staleness of a
+    turn without one can be neither measured nor bounded), and with `history`, a stale version whose
+    weights it no longer holds (`MissingVersions`)."""
+    versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
+    if needs_history(config) and None in versions:
+        k = config.rollout.max_staleness
+        raise ValueError(
+            f"turns without an adapter_version: algorithm.tis_cap with rollout.max_staleness = {k} takes each "
+            "turn's old logprobs under the adapter version that sampled it, so every turn must record it "
+            "(grooves' server reports it with each sample: SampledTurn.adapter_version), or set "
+            "rollout.max_staleness = 0"
+        )
+    if history is not None:
+        history.require({v for v in versions if v is not None} - {live})
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

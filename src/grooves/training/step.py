@@ -29,7 +29,7 @@ from grooves.core.advantage import group_advantages
 from grooves.core.batching import micro_batches
 from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.loss import Loss, StepCounts, build_loss
-from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
+from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, rollouts, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
 from grooves.policy.loaded_adapters import keep_requires_grad
@@ -317,9 +317,7 @@ def optimize(
     mine = seqs if sync is None else sync.shard(seqs)
     pairs = pair_tokens(policy.model, checkpointing=opt.gradient_checkpointing)  # attention's T x T memory
     batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0, pair_cost=pairs)
-    counts = StepCounts(
-        num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
-    )  # the whole step's, on every rank
+    counts = step_counts(seqs)  # the whole step's, on every rank
     totals: dict[str, float] = {}
     with gradient_step(policy, optimizer) as model, checkpointed_layers(model, opt.gradient_checkpointing):
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
@@ -336,6 +334,8 @@ def optimize(
 
                 stale = stale_logprobs(model, batch, live, history, forward)
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
+            rollout_ids = batch.rollout_ids  # the loss's sequences: rollouts, split at a prefix break or not
+            assert rollout_ids is not None  # TrainBatch.__post_init__ fills it
             lp_ref = None
             if loss_fn.needs_reference:
                 with torch.no_grad(), reference_weights(model):
@@ -345,7 +345,7 @@ def optimize(
                 batch.old_logprobs,
                 batch.advantages,
                 batch.sampled_mask,
-                batch.seq_ids,
+                rollout_ids,
                 counts=counts,
                 lp_ref=lp_ref,
                 lp_train_old=None if history is None else old_policy_logprobs(lp, stale),
@@ -373,6 +373,13 @@ def optimize(
         lr = optimizer.param_groups[0]["lr"]
         _exploding_step(policy.adapters.version + 1, growth, lr, opt.on_nonfinite)
     return totals
+
+
+def step_counts(seqs: Sequence[TrainSequence]) -> StepCounts:
+    """The loss's normalizers for a step of `seqs`: its rollouts (`tokenize.rollouts`; the sequences
+    of one split at a prefix break count once, as GRPO's mean over sequences is over rollouts) and
+    its sampled tokens."""
+    return StepCounts(num_sequences=len(rollouts(seqs)), num_tokens=sum(s.num_sampled for s in seqs))
 
 
 MAX_WEIGHT_GROWTH = 10.0

@@ -90,9 +90,19 @@ def check_versions(
 ) -> None:
     """Refuse, before a step changes anything, turns whose old logprobs it cannot take: under
     `needs_history`, a turn that records no adapter version (it may be stale, and the staleness of a
-    turn without one can be neither measured nor bounded), and with `history`, a stale version whose
-    weights it no longer holds (`MissingVersions`)."""
+    turn without one can be neither measured nor bounded); under `algorithm.tis_cap`, stale turns
+    without a `history` (their old logprobs are under the weights that sampled them, not the live
+    adapter's); and with `history`, a stale version whose weights it no longer holds
+    (`MissingVersions`)."""
     versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
+    stale = sorted({v for v in versions if v is not None} - {live})
+    if stale and history is None and config.algorithm.tis_cap is not None:
+        raise ValueError(
+            f"turns sampled by adapter versions {stale} (the live adapter is {live}) under algorithm.tis_cap "
+            "need the trainer's logprobs under those versions' weights: pass train_step an AdapterHistory, "
+            "the same history=AdapterHistory(rollout.max_staleness) at every step (it records each version it "
+            "trains; needs_history(config) says when), or train only turns the live adapter sampled"
+        )
     if needs_history(config) and None in versions:
         k = config.rollout.max_staleness
         raise ValueError(
@@ -102,7 +112,7 @@ def check_versions(
             "rollout.max_staleness = 0"
         )
     if history is not None:
-        history.require({v for v in versions if v is not None} - {live})
+        history.require(stale)
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

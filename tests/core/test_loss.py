@@ -531,3 +531,82 @@ def test_a_bad_loss_setting_is_refused_when_the_loss_is_built_with_the_same_line
     with pytest.raises(ValueError) as computed:
         compute_loss(lp, lp_old, adv, mask, seq_ids, **settings)
     assert str(built.value) == str(computed.value) == message
+
+
+# ---- a rollout whose template broke the prefix: one sequence of the loss, in two token sequences ----
+def _rollouts_with_a_break():
+    """Four rollouts of one group; rollout 0's second turn does not extend its first (a template that
+    rewrites history), so it is two token sequences. Every sampled token's current logprob is -1 and
+    its sampling logprob -1 - log rho_t, so rho_t is set per token whatever the batch layout.
+
+    rollout 0 (A = +1): turn 1 one token with rho = e^0.4; turn 2 three tokens with rho = 1;
+    rollout 1 (A = -1): two tokens, rho = 1; rollout 2 (A = +0.5): one token, rho = 1;
+    rollout 3 (A = +0.25): three tokens, rho = e^0.3 each.
+    """
+    from grooves.core.trajectory import SampledTurn, Trajectory
+
+    def turn(prompt, log_rhos):
+        ids = [100 + i for i in range(len(log_rhos))]
+        return SampledTurn(prompt_token_ids=prompt, token_ids=ids, logprobs=[-1.0 - r for r in log_rhos])
+
+    split = Trajectory(turns=[turn([1, 2], [0.4]), turn([1, 3], [0.0, 0.0, 0.0])])
+    whole = [Trajectory(turns=[turn([1, 4], [0.0, 0.0])]), Trajectory(turns=[turn([1, 5], [0.0])])]
+    whole.append(Trajectory(turns=[turn([1, 6], [0.3, 0.3, 0.3])]))
+    return [split, *whole], [1.0, -1.0, 0.5, 0.25]
+
+
+def _batch_of_rollouts():
+    from grooves.core.tokenize import pad_batch, trajectory_to_sequences
+    from grooves.training.step import step_counts
+
+    trajs, advantages = _rollouts_with_a_break()
+    seqs = [s for t, a in zip(trajs, advantages, strict=True) for s in trajectory_to_sequences(t, a)]
+    assert len(seqs) == 5  # rollout 0 is two token sequences
+    batch = pad_batch(seqs)
+    lp = torch.where(batch.sampled_mask, -1.0, 0.0).requires_grad_(True)  # [5, T]
+    return batch, lp, step_counts(seqs)
+
+
+def test_sequence_mean_weighs_a_rollout_split_at_a_prefix_break_as_one_rollout():
+    """GRPO's mean over sequences is a mean over rollouts: each of the 4 has a 1/4 share, the split one
+    included (as 2 of 5 separate sequences it had 2/5)."""
+    batch, on_policy, counts = _batch_of_rollouts()
+    assert counts == StepCounts(num_sequences=4, num_tokens=10)
+    lp = batch.old_logprobs.clone().requires_grad_(True)  # rho = 1 everywhere: l_t = -A
+    loss_fn = Loss("ppo", 0.2, 0.2, "sequence_mean", max_completion_tokens=4)
+    loss, _ = loss_fn(
+        lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.rollout_ids, counts=counts
+    )
+    assert float(loss.detach()) == pytest.approx(-(1.0 - 1.0 + 0.5 + 0.25) / 4, abs=1e-6)
+    loss.backward()
+    # d loss / d lp_t = -A / (n_rollout x 4): a rollout's share is the sum over its tokens of grad / -A
+    grad = lp.grad
+    assert grad is not None
+    shares = [
+        float(grad[rows].sum()) / -a for rows, a in (([0, 1], 1.0), ([2], -1.0), ([3], 0.5), ([4], 0.25))
+    ]
+    assert shares == pytest.approx([0.25, 0.25, 0.25, 0.25], abs=1e-6)
+    assert float(grad[0, batch.sampled_mask[0]][0]) == pytest.approx(-1.0 / (4 * 4), abs=1e-7)
+
+
+def test_gspo_takes_one_ratio_per_rollout_across_its_token_sequences():
+    """Rollout 0's ratio is the geometric mean over its four tokens, e^((0.4 + 0 + 0 + 0) / 4) = e^0.1,
+    inside the clip range [0.8, 1.2]: none of its tokens is clipped and all keep a gradient (its first
+    turn alone, e^0.4 = 1.49, would be clipped). Rollout 3's e^0.3 = 1.35 is clipped, A > 0."""
+    batch, lp, counts = _batch_of_rollouts()
+    loss_fn = Loss("gspo", 0.2, 0.2, "sequence_mean", max_completion_tokens=4)
+    loss, stats = loss_fn(
+        lp, batch.old_logprobs, batch.advantages, batch.sampled_mask, batch.rollout_ids, counts=counts
+    )
+    s0 = math.exp(0.1)
+    # mean over rollouts of -min(s A, clip(s) A): -s0, +1, -0.5, -1.2 x 0.25
+    assert float(loss.detach()) == pytest.approx((-s0 + 1.0 - 0.5 - 0.3) / 4, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(3 / 10, abs=1e-6)  # rollout 3's tokens only
+    loss.backward()
+    grad = lp.grad
+    assert grad is not None
+    mask = batch.sampled_mask
+    # d/d lp_t of -s0 A / 4 with s0 = exp(mean of 4 log ratios): -A s0 / (4 x 4) on each of its tokens
+    rollout0 = torch.cat([grad[0][mask[0]], grad[1][mask[1]]])
+    assert rollout0.tolist() == pytest.approx([-s0 / 16] * 4, abs=1e-6)
+    assert grad[4][mask[4]].tolist() == pytest.approx([0.0] * 3, abs=1e-9)  # clipped: no gradient

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
 
+from grooves.config import LoraConfig
 from grooves.core.tokenize import trajectory_to_sequences
+from grooves.core.trajectory import TrajectoryGroup
+from grooves.policy.transformers import TransformersPolicy
+from grooves.rollouts.handle import ModelHandle
+from grooves.serve.app import create_app, inprocess_client
 from grooves.tasks import TaskLoadError, load_task, verifiers_server
-from grooves.tasks.verifiers import _object
+from grooves.tasks.verifiers import VerifiersError, VerifiersTask, _object
 from grooves.tasks.verifiers_traces import TraceAssembly, TraceError, reward_of, sampled_turns, trajectory_of
+from grooves.training.pipeline import VersionPins, staleness_stats
 
 SYSTEM, USER1, USER2 = [1, 10, 11, 2], [1, 20, 21, 22, 2], [1, 30, 2]
 SCAFFOLD = [1, 40]  # the generation prompt ("<|im_start|>assistant")
@@ -152,3 +159,59 @@ def test_a_missing_verifiers_extra_is_one_line_before_anything_starts(monkeypatc
         "pip install 'grooves[verifiers]'"
     )
     assert "task 'verifiers:capital_quiz' could not be built" in message
+
+
+class ReplayedServer(VerifiersTask):
+    """A verifiers task whose environment server is a replay of `two_turn_deltas`: the episode's
+    traces as the server streams them, `during` run between the deltas (a trainer stepping meanwhile)."""
+
+    def start(self) -> None:
+        self.requests: list[dict] = []
+        self.during = lambda: None
+
+    async def _call(self, method, payload, on_delta=None):
+        self.requests.append(payload)
+        for delta in two_turn_deltas():
+            on_delta(delta)
+            self.during()
+        return {"success": True, "head": {}, "traces": [{"id": "t1", "nodes": 5, "calls": 2}]}
+
+    def _endpoint(self, model):
+        return "http://127.0.0.1:1/v1", "unused"  # the replay reaches no server
+
+
+def test_verifiers_turns_record_the_adapter_version_that_sampled_them(tiny_model_dir):
+    """Rollouts ahead of the trainer sample with a pinned version (`<name>@v<N>`): its turns say N,
+    so the step measures their staleness and enforces rollout.max_staleness, as for any other turn."""
+    policy = TransformersPolicy(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8), served_name="t")
+    app = create_app(policy)
+    pins = VersionPins(policy, [app.state.adapters], max_staleness=1)
+    task = ReplayedServer("capital_quiz", python=sys.executable)
+    scenario = {"id": "q", "task_data": {}}
+    try:
+        pinned = pins.serve(0)
+        policy.adapters.bump()  # the trainer made version 1 while step 2's rollouts sample with version 0
+        traj = asyncio.run(task.rollout(ModelHandle(inprocess_client(app), pinned), scenario))
+        assert task.requests[-1]["model"] == "t@v0"
+        assert [t.adapter_version for t in traj.turns] == [0, 0]
+        group = TrajectoryGroup(trajectories=[traj])
+        assert staleness_stats([group], live=1, max_staleness=1) == {
+            "staleness_mean": 1.0,
+            "staleness_max": 1.0,
+            "staleness/0": 0.0,
+            "staleness/1": 1.0,
+        }
+        with pytest.raises(ValueError, match=r"sampled by adapter versions \[0\].*max_staleness = 0"):
+            staleness_stats([group], live=1, max_staleness=0)
+
+        live = asyncio.run(task.rollout(ModelHandle(inprocess_client(app), "t"), scenario))
+        assert [t.adapter_version for t in live.turns] == [1, 1]  # the live adapter's version
+
+        task.during = policy.adapters.bump  # the live adapter changes in the middle of the episode
+        with pytest.raises(
+            VerifiersError, match=r"'t' changed from adapter version 1 to 6 during the episode"
+        ):
+            asyncio.run(task.rollout(ModelHandle(inprocess_client(app), "t"), scenario))
+    finally:
+        pins.close()
+        task.close()

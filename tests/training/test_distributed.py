@@ -42,6 +42,25 @@ def test_shares_are_contiguous_and_cover_everything_once():
     assert max(tokens) - min(tokens) <= max(len(s) for s in seqs)  # balanced to within one sequence
 
 
+def test_a_rollouts_token_sequences_go_to_one_rank():
+    """A rollout split at a prefix break is one sequence of the loss (GSPO's ratio, sequence_mean):
+    its token sequences stay on one rank, wherever the token balance would cut between them."""
+    from grooves.core.tokenize import trajectory_to_sequences
+    from grooves.core.trajectory import SampledTurn
+
+    def turn(prompt: list[int], n: int) -> SampledTurn:
+        return SampledTurn(prompt_token_ids=prompt, token_ids=[7] * n, logprobs=[-1.0] * n)
+
+    split = Trajectory(turns=[turn([1, 2], 4), turn([1, 3], 4)])  # two sequences of 6 tokens
+    trajs = [Trajectory(turns=[turn([1, 4], 4)]), split, Trajectory(turns=[turn([1, 5], 4)])]
+    seqs = [s for t in trajs for s in trajectory_to_sequences(t, 1.0)]
+    assert len(seqs) == 4
+    # by tokens alone (6 each of 24), rank 0 would take sequences 0-1 and rank 1 sequences 2-3
+    shards = [DataParallel(r, 2).shard(seqs) for r in range(2)]
+    assert [s for shard in shards for s in shard] == seqs
+    assert [len(shard) for shard in shards] in ([1, 3], [3, 1])
+
+
 def test_a_world_of_one_changes_nothing():
     dp = DataParallel.single()
     groups = [TrajectoryGroup(trajectories=[Trajectory(reward=1.0)])]

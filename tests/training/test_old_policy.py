@@ -123,3 +123,46 @@ def test_history_keeps_the_versions_a_step_can_take_and_reads_a_saved_adapter(pe
     assert torch.all(a == 4.0)  # back to the live weights
     with history.weights(policy.model, 9):
         assert torch.all(a == 4.0)
+
+
+def test_turns_without_a_version_are_refused_where_each_turns_version_is_needed(peaked_model_dir, tmp_path):
+    """Under truncated importance sampling with rollouts ahead of the trainer, a turn that records no
+    adapter version might be stale: its old logprobs cannot be taken, so the step refuses it before
+    changing anything (not the live adapter's logprobs, silently)."""
+    policy = TransformersPolicy(
+        str(peaked_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, served_name="t"
+    )
+    config = _config(peaked_model_dir, tmp_path, max_staleness=1)
+    history = AdapterHistory(config.rollout.max_staleness)
+    optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=2.0)
+    group = _group(policy, version=0, shift=0.0)
+    group.trajectories[1].turns[0].adapter_version = None
+    with pytest.raises(
+        ValueError,
+        match=r"turns without an adapter_version: algorithm.tis_cap with "
+        r"rollout.max_staleness = 1 .* or set rollout.max_staleness = 0",
+    ):
+        train_step(policy, optimizer, [group], config, run_loss(config), history=history)
+    assert policy.adapters.version == 0 and history.versions == []
+
+
+def test_stale_turns_under_tis_without_a_history_are_refused(peaked_model_dir, tmp_path):
+    """`train_step` with algorithm.tis_cap and turns of an earlier version, but no `history`: the old
+    logprobs of those turns cannot be taken under the weights that sampled them, and the live
+    adapter's (ratio 1, never clipped) would be wrong, so the step refuses before changing anything."""
+    policy = TransformersPolicy(
+        str(peaked_model_dir), lora=LoraConfig(rank=4, alpha=8), seed=0, served_name="t"
+    )
+    config = _config(peaked_model_dir, tmp_path, max_staleness=1)
+    optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=2.0)
+    group = _group(policy, version=0, shift=0.0)
+    policy.adapters.version = 1  # the turns are one version behind the live adapter
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    with pytest.raises(
+        ValueError,
+        match=r"turns sampled by adapter versions \[0\] \(the live adapter is 1\) under algorithm.tis_cap "
+        r"need the trainer's logprobs under those versions' weights: pass train_step an AdapterHistory",
+    ):
+        train_step(policy, optimizer, [group], config, run_loss(config))
+    assert policy.adapters.version == 1
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if n in before)

@@ -532,6 +532,56 @@ def test_constant_aggregation_divides_by_every_rollout_of_the_step(policy, peake
     assert stats["loss"] == pytest.approx(-0.5 / 16, abs=1e-6)
 
 
+def test_gspo_and_sequence_mean_take_a_rollout_split_at_a_prefix_break_as_one(
+    policy, peaked_model_dir, tmp_path
+):
+    """A rollout whose template broke the prefix is two token sequences, trained in micro-batches of
+    16 tokens: the step still takes one GSPO ratio for it and gives it a quarter of the loss."""
+    import dataclasses
+
+    from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
+    from grooves.training.step import optimize, run_loss, to_sequences
+
+    def turn(prompt, tokens):
+        return SampledTurn(prompt_token_ids=prompt, token_ids=tokens, logprobs=[0.0] * len(tokens))
+
+    broken = [turn([1, 30, 31, 32, 2], [40, 41, 42]), turn([1, 30, 31, 33, 2], [43, 44, 45])]
+    trajs = [Trajectory(turns=broken, reward=1.0)]
+    trajs += [
+        Trajectory(turns=[turn([1, 30, 31, 34 + k, 2], [50 + k, 51])], reward=r)
+        for k, r in enumerate([0, 0, 1])
+    ]
+    config = _config(
+        peaked_model_dir,
+        tmp_path,
+        optim__micro_batch_tokens=16,
+        algorithm__advantage="dr_grpo",  # A = r - mean = +0.5, -0.5, -0.5, +0.5
+        algorithm__loss="gspo",
+        algorithm__eps_low=0.2,
+        algorithm__eps_high=0.2,
+        algorithm__aggregation="sequence_mean",
+    )
+    seqs, seq_stats = to_sequences([TrajectoryGroup(trajectories=trajs)], config)
+    assert len(seqs) == 5 and seq_stats["prefix_breaks"] == 1.0
+    seqs = _on_policy(policy, seqs)
+    # the first turn's tokens were sampled with logprob lp - 0.2: ratio e^0.2 = 1.22 each, past 1 + eps
+    # alone; over the rollout's six tokens the ratio is e^0.1 = 1.105, inside the clip range
+    seqs[0] = dataclasses.replace(
+        seqs[0],
+        old_logprobs=[
+            v - 0.2 if m else v for v, m in zip(seqs[0].old_logprobs, seqs[0].sampled_mask, strict=True)
+        ],
+    )
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    before = _trainable(policy)
+    stats = optimize(policy, torch.optim.SGD(params, lr=0.0), seqs, run_loss(config), config.optim)
+    _restore(policy, before)
+    assert stats["micro_batches"] >= 2
+    # mean over the 4 rollouts of -min(s A, clip(s) A): -0.5 e^0.1, then -A = +0.5, +0.5, -0.5 (s = 1)
+    assert stats["policy_loss"] == pytest.approx((-0.5 * math.exp(0.1) + 0.5) / 4, abs=1e-4)
+    assert stats["clip_fraction"] == 0.0
+
+
 def test_turns_are_trained_at_the_temperature_they_were_sampled_at(policy, peaked_model_dir, tmp_path):
     """Turns sampled at 0.5 and greedily, trained by a run whose rollout.temperature is 1: ratio 1."""
     import asyncio

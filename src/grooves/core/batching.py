@@ -10,6 +10,9 @@ row is wider than `longest_row`. How sequences are laid out in them:
   own padded micro-batches whose common prefix `forward.shared_prefix_logprobs` computes once;
 - the sequences left over (groups without a worthwhile common prefix, or `share_prefix` off) are
   packed several to a row (`packing`, block-diagonal attention) or padded one to a row.
+
+Either way the sequences of one rollout (a trajectory split at a prefix break) go into one
+micro-batch, even past the budget: the loss takes each rollout whole (GSPO's ratio, sequence_mean).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from grooves.config import AdamWConfig
-from grooves.core.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch
+from grooves.core.tokenize import TrainBatch, TrainSequence, pack_batches, pad_batch, rollouts
 
 MIN_SHARED_PREFIX = 8
 """Below this many shared tokens, computing a prefix once is not worth a separate forward."""
@@ -65,6 +68,24 @@ def longest_row(budget: int, pair_cost: Fraction | float) -> int:
     return max(width, 1)
 
 
+def chunks(seqs: Sequence[TrainSequence], per: int) -> list[list[TrainSequence]]:
+    """`seqs` in order, cut into runs of at most `per` sequences that never cut a rollout: a rollout
+    of more than `per` sequences is a run of its own.
+
+    >>> from dataclasses import replace
+    >>> one = TrainSequence([1, 2], [False, True], [0.0, -1.0], 1.0, 0, 1)
+    >>> seqs = [replace(one, rollout=r) for r in (0, 1, 1, 2, 3, 3, 3)]
+    >>> [[s.rollout for s in run] for run in chunks(seqs, 2)]
+    [[0], [1, 1], [2], [3, 3, 3]]
+    """
+    out: list[list[TrainSequence]] = []
+    for unit in rollouts(seqs):
+        if not out or len(out[-1]) + len(unit) > per:
+            out.append([])
+        out[-1].extend(seqs[i] for i in unit)
+    return out
+
+
 def micro_batches(
     seqs: list[TrainSequence], opt: AdamWConfig, pad: int, *, pair_cost: Fraction | float = 0
 ) -> list[tuple[TrainBatch, int]]:
@@ -73,7 +94,8 @@ def micro_batches(
 
     With `share_prefix`, each group's sequences go together so their prompt is computed once;
     sequences without a worthwhile common prefix are packed (or padded) as usual. A sequence wider
-    than `longest_row` gets a micro-batch of its own (cutting it would drop sampled tokens).
+    than `longest_row` gets a micro-batch of its own (cutting it would drop sampled tokens), and the
+    sequences of one rollout share a micro-batch (`chunks`, `pack_batches`).
     """
     if opt.micro_batch_tokens is None:
         raise ValueError(
@@ -95,8 +117,7 @@ def micro_batches(
                 continue
             suffix = max(len(s) for s in members) - prefix
             per = max(1, (row - prefix) // max(suffix, 1))  # they run as one packed row of prefix + suffixes
-            for i in range(0, len(members), per):
-                out.append((pad_batch(members[i : i + per], pad_token_id=pad), prefix))
+            out.extend((pad_batch(run, pad_token_id=pad), prefix) for run in chunks(members, per))
     else:
         rest = list(seqs)
     if rest and opt.packing:
@@ -104,5 +125,5 @@ def micro_batches(
     elif rest:
         width = max(len(s) for s in rest)
         per = max(1, int(budget // row_cost(width, pair_cost)))
-        out.extend((pad_batch(rest[i : i + per], pad_token_id=pad), 0) for i in range(0, len(rest), per))
+        out.extend((pad_batch(run, pad_token_id=pad), 0) for run in chunks(rest, per))
     return out

@@ -4,7 +4,10 @@ Every tensor is `[B, T]` and lines up with a `TrainBatch` (see `grooves.core.tok
 current policy's logprob of token t (with grad), `lp_old` the sampler's, `adv` the advantage of
 the sequence token t belongs to (per token, because a packed row holds several sequences), `mask`
 is True exactly on sampled tokens, and `seq_ids` says which sequence of the batch each token is
-in (-1 for padding). Values off the mask are ignored, whatever they hold.
+in (-1 for padding). Values off the mask are ignored, whatever they hold. A sequence of the loss
+is a rollout: where a template broke a trajectory's prefix, its token sequences are one sequence
+here (the trainer passes `TrainBatch.rollout_ids`), so sequence_mean weighs every rollout alike
+and GSPO takes one ratio per rollout, as the papers do, however many pieces it was trained in.
 
 A policy loss returns the per-token loss (zero off the mask) and which tokens were clipped; how
 token losses become one number is a separate choice (`aggregate`), because the papers differ in
@@ -121,7 +124,8 @@ def gspo(
     l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), with small eps (the paper
     uses 3e-4 / 4e-4). l_i is written to each of the sequence's sampled tokens, so with
     "sequence_mean" aggregation the result is exactly the paper's mean over sequences.
-    Sequences are found through `seq_ids`, so packed rows work like padded ones.
+    Sequences are found through `seq_ids`, so packed rows work like padded ones; the trainer's are
+    rollouts, so a rollout split at a prefix break has one ratio over all its tokens.
     """
     seq_log_ratio = _broadcast_sequence_mean(log_ratio(lp, lp_old, mask), mask, seq_ids)  # [B, T]
     ratio = torch.exp(seq_log_ratio)  # [B, T], s_i on every token of sequence i
@@ -364,7 +368,7 @@ class StepCounts(NamedTuple):
     """The whole optimizer step's normalizers, passed with each of its micro-batches (see `aggregate`)."""
 
     num_sequences: int
-    """Sequences trained this step."""
+    """The loss's sequences trained this step: rollouts (one split at a prefix break counts once)."""
     num_tokens: int
     """Sampled tokens trained this step."""
 

@@ -9,7 +9,10 @@ prompt starts with the previous prompt + completion): the last prompt + last com
 turn, and `sampled_mask` is True exactly on the tokens the policy sampled, never on the prompt or
 on tool output and user text inserted between turns. A template that rewrites history (dropping
 earlier `<think>` blocks, say) breaks the prefix; that turn starts a new sequence
-(`prefix_breaks` counts them) instead of training on ids the policy never saw.
+(`prefix_breaks` counts them) instead of training on ids the policy never saw. The sequences of
+one trajectory stay one rollout (`TrainSequence.rollout`): the loss normalises and takes GSPO's
+ratio per rollout (`TrainBatch.rollout_ids`), whatever the number of sequences it was split into,
+and micro-batches (`core.batching`) and data-parallel shards keep a rollout's sequences together.
 
 Sequences are batched either padded (one per row, 2-D attention mask) or packed (several per row,
 `position_ids` restarting at 0 and a 4-D block-diagonal causal mask, so packed sequences never
@@ -20,9 +23,10 @@ attend to each other on the sdpa / eager attention paths). Both carry per-token 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +53,11 @@ class TrainSequence:
     versions: list[int] | None = None
     """The adapter version that sampled each token (-1 on tokens not sampled or of a turn that
     records none); None: unknown everywhere. Truncated importance sampling with stale turns reads it."""
+    rollout: int | None = field(default=None, compare=False)
+    """Which rollout this sequence is part of: the sequences `trajectory_to_sequences` makes of one
+    trajectory (several where its template broke the prefix) share one id, no other sequence has it,
+    and the loss takes them as one sequence. None: a rollout of its own. An identity, not content:
+    equal sequences of two rollouts are equal."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -102,6 +111,24 @@ def _segments(turns: Sequence[SampledTurn]) -> list[list[int]]:
     return segments
 
 
+_ROLLOUT_IDS = itertools.count()
+"""Each `trajectory_to_sequences` call takes the next: unique among the sequences of a process."""
+
+
+def rollouts(seqs: Sequence[TrainSequence]) -> list[list[int]]:
+    """Indices into `seqs` grouped by rollout (`TrainSequence.rollout`), in order of first appearance.
+
+    >>> a = TrainSequence([1, 2], [False, True], [0.0, -1.0], 1.0, 0, 1, rollout=7)
+    >>> b = dataclasses.replace(a, rollout=None)
+    >>> rollouts([a, b, a, b])
+    [[0, 2], [1], [3]]
+    """
+    units: dict[object, list[int]] = {}
+    for i, s in enumerate(seqs):
+        units.setdefault(("own", i) if s.rollout is None else s.rollout, []).append(i)
+    return list(units.values())
+
+
 def prefix_breaks(traj: Trajectory) -> int:
     """How many turns of `traj` did not extend the previous context (non-append-only template)."""
     return max(len(_segments(traj.turns)) - 1, 0)
@@ -118,12 +145,14 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
 
     Within a sequence, each turn's new prompt tokens (tool output, user text, the template's
     role markers) are context (mask False) and its sampled tokens are trained (mask True, with
-    their sampling logprobs and the temperature their turn was sampled at).
+    their sampling logprobs and the temperature their turn was sampled at). The sequences share a
+    `rollout` id of their own: however many they are, they are one rollout of the loss.
     """
     if traj.error is not None:
         raise ValueError(
             f"trajectory failed ({traj.error}); failed rollouts are not trained on, use group.ok"
         )
+    rollout = next(_ROLLOUT_IDS)
     out = []
     for segment in _segments(traj.turns):
         first = traj.turns[segment[0]]
@@ -151,6 +180,7 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float, *, group_id: int
                 prompt_len=len(first.prompt_token_ids),
                 temperatures=temps,
                 versions=versions,
+                rollout=rollout,
             )
         )
     return out
@@ -181,10 +211,16 @@ class TrainBatch:
     """For each batch-local sequence id, its position in the list given to pad_batch / pack_batches."""
     versions: torch.Tensor | None = None
     """[B, T] long: the adapter version that sampled token t, -1 where not sampled or not recorded."""
+    rollout_ids: torch.Tensor | None = None
+    """[B, T] long: index of the token's rollout within this batch (0..), -1 for padding; the loss's
+    sequences (`core.loss`), where the sequences of a rollout split at a prefix break are one.
+    None: `seq_ids` (every sequence a rollout of its own)."""
 
     def __post_init__(self) -> None:
         if self.versions is None:
             object.__setattr__(self, "versions", torch.full_like(self.input_ids, -1))
+        if self.rollout_ids is None:
+            object.__setattr__(self, "rollout_ids", self.seq_ids.clone())
 
     @property
     def num_sampled_tokens(self) -> int:
@@ -209,28 +245,41 @@ def pack_batches(
 ) -> list[TrainBatch]:
     """Pack sequences into rows of at most `max_tokens` tokens, `rows_per_batch` rows per batch.
 
-    First-fit decreasing by length, so rows come out nearly full. A sequence longer than
-    `max_tokens` gets a row of its own rather than being cut (cutting would drop sampled tokens).
-    Every batch has a 4-D block-diagonal causal mask [B, 1, T, T]; padding attends to itself only.
+    First-fit decreasing by length, so rows come out nearly full. The unit packed is a rollout
+    (`rollouts`): its sequences go into one row, or, when together they are longer than
+    `max_tokens`, into rows of their own in one batch (more rows than `rows_per_batch` if need be),
+    so the loss sees every rollout whole. A sequence longer than `max_tokens` gets a row of its own
+    rather than being cut (cutting would drop sampled tokens). Every batch has a 4-D block-diagonal
+    causal mask [B, 1, T, T]; padding attends to itself only.
     """
     if max_tokens < 1 or rows_per_batch < 1:
         raise ValueError(f"max_tokens and rows_per_batch must be >= 1, got {max_tokens} and {rows_per_batch}")
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    units = rollouts(seqs)
+    size = [sum(len(seqs[i]) for i in unit) for unit in units]
     rows: list[list[int]] = []
     room: list[int] = []
-    for i in order:
-        n = len(seqs[i])
+    blocks: list[list[int]] = []  # rows that go into one batch
+    for u in sorted(range(len(units)), key=lambda u: -size[u]):
+        unit, n = units[u], size[u]
+        if n > max_tokens and len(unit) > 1:  # a rollout too long for one row: a row per sequence
+            blocks.append(list(range(len(rows), len(rows) + len(unit))))
+            rows.extend([i] for i in unit)
+            room.extend(max_tokens - len(seqs[i]) for i in unit)
+            continue
         slot = next((r for r, free in enumerate(room) if free >= n), None)
         if slot is None:
-            rows.append([i])
+            blocks.append([len(rows)])
+            rows.append(list(unit))
             room.append(max_tokens - n)
         else:
-            rows[slot].append(i)
+            rows[slot].extend(unit)
             room[slot] -= n
-    return [
-        _assemble(rows[k : k + rows_per_batch], seqs, pad_token_id, packed=True)
-        for k in range(0, len(rows), rows_per_batch)
-    ]
+    batches: list[list[list[int]]] = []
+    for block in blocks:
+        if not batches or len(batches[-1]) + len(block) > rows_per_batch:
+            batches.append([])
+        batches[-1].extend(rows[r] for r in block)
+    return [_assemble(batch, seqs, pad_token_id, packed=True) for batch in batches]
 
 
 def _assemble(
@@ -247,6 +296,10 @@ def _assemble(
     adv = torch.zeros(shape, dtype=torch.float32)  # [B, T]
     seq_ids = torch.full(shape, -1, dtype=torch.long)  # [B, T]
     versions = torch.full(shape, -1, dtype=torch.long)  # [B, T]
+    rollout_ids = torch.full(shape, -1, dtype=torch.long)  # [B, T]
+    rollout_of = {
+        i: r for r, unit in enumerate(rollouts([seqs[i] for row in rows for i in row])) for i in unit
+    }
     index: list[int] = []
     for b, row in enumerate(rows):
         start = 0
@@ -263,6 +316,7 @@ def _assemble(
             if s.versions is not None:
                 versions[b, span] = torch.tensor(s.versions, dtype=torch.long)
             seq_ids[b, span] = len(index)
+            rollout_ids[b, span] = rollout_of[len(index)]
             index.append(i)
             start += n
         if not packed:
@@ -280,6 +334,7 @@ def _assemble(
         len(index),
         tuple(index),
         versions,
+        rollout_ids,
     )
 
 

@@ -21,6 +21,12 @@ the environment's package must already be installed in that virtualenv.
   re-tokenized.
 - The trainer's model is served in process (no port); verifiers' server is another process, so
   the app behind the rollout's client is put on a local port once (`LocalPort`).
+- Each turn records the adapter version that sampled it (`served_version`): the version behind the
+  model name the rollout asks for on the trainer's in-process server (a pinned `<name>@v<N>` when
+  rollouts run ahead of the trainer, else the live adapter's, which must not change during the
+  episode), the version grooves' token route reports for each sample. A policy served elsewhere
+  does not say; its turns record none, and a run that needs every turn's version (truncated
+  importance sampling of stale turns) refuses them.
 
 Options: `taskset` (the taskset's settings beside its id), `validation_taskset` (the settings of
 the held-out rows), `agent` (verifiers' agent settings: harness and runtime), each a dict or, in a
@@ -240,6 +246,7 @@ class VerifiersTask:
 
     async def rollout(self, model: ModelHandle, scenario: dict[str, Any]) -> Trajectory:
         base_url, renderer = self._endpoint(model)
+        version = served_version(model)
         client = {
             "type": "train",
             "base_url": base_url,
@@ -267,8 +274,17 @@ class VerifiersTask:
             raise TraceError(
                 f"the episode has {len(trainable)} trainable traces; grooves trains single-agent episodes"
             )
+        after = served_version(model)
+        if after != version:
+            raise VerifiersError(
+                f"the model {model.name!r} changed from adapter version {version} to {after} during the episode, "
+                "so which version sampled each turn is unknown"
+            )
         traj = trajectory_of(
-            trainable[0], temperature=model.temperature, success_threshold=self.success_threshold
+            trainable[0],
+            temperature=model.temperature,
+            success_threshold=self.success_threshold,
+            adapter_version=version,
         )
         traj.metadata.update(
             {"env": self.name, "scenario_id": scenario.get("id"), "split": scenario.get("split")}
@@ -277,8 +293,7 @@ class VerifiersTask:
 
     def _endpoint(self, model: ModelHandle) -> tuple[str, str]:
         """(the URL verifiers' server reaches grooves at, the model directory its renderer loads)."""
-        http = getattr(model.client, "_client", None)
-        app = getattr(getattr(http, "_transport", None), "app", None)
+        app = _inprocess_app(model)
         if app is None:  # a client of a server with a port already
             if self.renderer_model is None:
                 raise VerifiersError(
@@ -291,6 +306,23 @@ class VerifiersTask:
                 self._port = LocalPort(app)
         renderer = self.renderer_model or app.state.policy.tokenizer.name_or_path
         return f"{self._port.base_url}/v1", renderer
+
+
+def _inprocess_app(model: ModelHandle) -> Any:
+    """The ASGI app behind `model.client` when the policy is served in this process, else None."""
+    http = getattr(model.client, "_client", None)
+    return getattr(getattr(http, "_transport", None), "app", None)
+
+
+def served_version(model: ModelHandle) -> int | None:
+    """The adapter version that samples for `model.name` on the in-process server, the one its token
+    route reports with each sample: a pinned version's (`<name>@v<N>`, rollouts ahead of the trainer)
+    or the live adapter's; None for a policy served elsewhere."""
+    app = _inprocess_app(model)
+    if app is None:
+        return None
+    routes = app.state.adapters
+    return routes.version_of(routes.get(model.name))
 
 
 class LocalPort:

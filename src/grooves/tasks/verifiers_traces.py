@@ -15,6 +15,11 @@ trains only on the sampled tokens: user and tool text between turns is context, 
 
 A sampled node without token ids (a trace from a client that records none, verifiers' `eval`
 client) cannot be trained on and is refused (`TraceError`) rather than re-tokenized.
+
+Every turn also records the adapter version that sampled it (`adapter_version`, given by the
+caller: the version behind the model name the episode sampled with), as the turns of any other
+task do, so the step measures their staleness, enforces `rollout.max_staleness` and, under
+truncated importance sampling, takes their old logprobs under that version's weights.
 """
 
 from __future__ import annotations
@@ -86,8 +91,11 @@ def _path(nodes: list[dict[str, Any]], index: int | None) -> list[int]:
     return path[::-1]
 
 
-def sampled_turns(trace: dict[str, Any], temperature: float) -> list[SampledTurn]:
-    """One `SampledTurn` per node the model sampled, in the order they were written."""
+def sampled_turns(
+    trace: dict[str, Any], temperature: float, adapter_version: int | None = None
+) -> list[SampledTurn]:
+    """One `SampledTurn` per node the model sampled, in the order they were written, each recording
+    `adapter_version` (the adapter version that sampled the episode; None: unknown)."""
     nodes = trace["nodes"]
     turns = []
     for i, node in enumerate(nodes):
@@ -124,6 +132,7 @@ def sampled_turns(trace: dict[str, Any], temperature: float) -> list[SampledTurn
                 text=message.get("content") or "",
                 finish_reason=_finish_of(trace, i),
                 temperature=temperature,
+                adapter_version=adapter_version,
             )
         )
     return turns
@@ -148,9 +157,16 @@ def _messages(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def trajectory_of(trace: dict[str, Any], *, temperature: float, success_threshold: float = 1.0) -> Trajectory:
-    """A grooves trajectory of one verifiers trace: its turns' exact ids, its reward and its parts."""
-    turns = sampled_turns(trace, temperature)
+def trajectory_of(
+    trace: dict[str, Any],
+    *,
+    temperature: float,
+    success_threshold: float = 1.0,
+    adapter_version: int | None = None,
+) -> Trajectory:
+    """A grooves trajectory of one verifiers trace: its turns' exact ids (each recording
+    `adapter_version`, the version that sampled them), its reward and its parts."""
+    turns = sampled_turns(trace, temperature, adapter_version)
     if not turns:
         raise TraceError(f"trace {trace.get('id')} holds no sampled turn: nothing to train on")
     reward, parts = reward_of(trace)

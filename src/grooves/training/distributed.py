@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from grooves.core.tokenize import TrainSequence
+from grooves.core.tokenize import TrainSequence, rollouts
 from grooves.core.trajectory import TrajectoryGroup
 
 T = TypeVar("T")
@@ -180,19 +180,23 @@ class DataParallel:
     def shard(self, seqs: Sequence[TrainSequence]) -> list[TrainSequence]:
         """This rank's contiguous share of a step's sequences, balanced by tokens.
 
-        Sequence i goes to rank floor(N (c_i + len_i / 2) / C), with c_i the tokens before it and C
-        all tokens: contiguous, so a group's members mostly stay on one rank and share their
-        prompt's forward (`core.batching`).
+        The unit is a rollout (`core.tokenize.rollouts`: the sequences of a trajectory split at a
+        prefix break go to one rank, since the loss takes each rollout whole). Rollout i goes to rank
+        floor(N (c_i + len_i / 2) / C), with c_i the tokens before it and C all tokens: contiguous,
+        so a group's members mostly stay on one rank and share their prompt's forward
+        (`core.batching`).
         """
         if not self.active:
             return list(seqs)
         total = sum(len(s) for s in seqs)
-        mine, before = [], 0
-        for s in seqs:
-            owner = min(self.world - 1, int(self.world * (before + len(s) / 2) / max(total, 1)))
+        mine: list[TrainSequence] = []
+        before = 0
+        for unit in rollouts(seqs):
+            n = sum(len(seqs[i]) for i in unit)
+            owner = min(self.world - 1, int(self.world * (before + n / 2) / max(total, 1)))
             if owner == self.rank:
-                mine.append(s)
-            before += len(s)
+                mine.extend(seqs[i] for i in unit)
+            before += n
         return mine
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:

@@ -29,7 +29,7 @@ from grooves.core.advantage import group_advantages
 from grooves.core.batching import micro_batches
 from grooves.core.forward import shared_prefix_logprobs, token_logprobs
 from grooves.core.loss import Loss, StepCounts, build_loss
-from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, trajectory_to_sequences
+from grooves.core.tokenize import TrainBatch, TrainSequence, prefix_breaks, rollouts, trajectory_to_sequences
 from grooves.core.trajectory import TrajectoryGroup
 from grooves.policy.base import Policy
 from grooves.policy.loaded_adapters import keep_requires_grad
@@ -59,14 +59,12 @@ def train_step(
     this rank's share of it, see `optimize`), and the adapter is the next version. The update and
     the version bump happen under the policy's lock, so no sampling batch sees the new weights
     under the old version. `history` (`needs_history`: truncated importance sampling of stale
-    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's.
+    turns) keeps the adapter's last versions, for the trainer's logprobs under each stale turn's;
+    turns whose old logprobs cannot be taken are refused first (`check_versions`).
     """
     live = policy.adapters.version
     staleness = staleness_stats(groups, live, config.rollout.max_staleness)
-    if history is not None:
-        # refused before any work, not in the middle of the step
-        versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
-        history.require({v for v in versions if v is not None} - {live})
+    check_versions(groups, live, config, history)  # refused before any work, not in the middle of the step
     seqs, seq_stats = to_sequences(groups, config)
     with policy.lock:
         if history is not None:
@@ -85,6 +83,36 @@ def needs_history(config: RunConfig) -> bool:
     versions old: the trainer's old logprobs are those under each turn's version (`old_policy`), so a
     caller of `train_step` keeps an `AdapterHistory` of that many versions and passes it."""
     return config.algorithm.tis_cap is not None and config.rollout.max_staleness > 0
+
+
+def check_versions(
+    groups: list[TrajectoryGroup], live: int, config: RunConfig, history: AdapterHistory | None
+) -> None:
+    """Refuse, before a step changes anything, turns whose old logprobs it cannot take: under
+    `needs_history`, a turn that records no adapter version (it may be stale, and the staleness of a
+    turn without one can be neither measured nor bounded); under `algorithm.tis_cap`, stale turns
+    without a `history` (their old logprobs are under the weights that sampled them, not the live
+    adapter's); and with `history`, a stale version whose weights it no longer holds
+    (`MissingVersions`)."""
+    versions = {t.adapter_version for g in groups for tr in g.ok for t in tr.turns}
+    stale = sorted({v for v in versions if v is not None} - {live})
+    if stale and history is None and config.algorithm.tis_cap is not None:
+        raise ValueError(
+            f"turns sampled by adapter versions {stale} (the live adapter is {live}) under algorithm.tis_cap "
+            "need the trainer's logprobs under those versions' weights: pass train_step an AdapterHistory, "
+            "the same history=AdapterHistory(rollout.max_staleness) at every step (it records each version it "
+            "trains; needs_history(config) says when), or train only turns the live adapter sampled"
+        )
+    if needs_history(config) and None in versions:
+        k = config.rollout.max_staleness
+        raise ValueError(
+            f"turns without an adapter_version: algorithm.tis_cap with rollout.max_staleness = {k} takes each "
+            "turn's old logprobs under the adapter version that sampled it, so every turn must record it "
+            "(grooves' server reports it with each sample: SampledTurn.adapter_version), or set "
+            "rollout.max_staleness = 0"
+        )
+    if history is not None:
+        history.require(stale)
 
 
 def reward_stats(groups: list[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
@@ -299,9 +327,7 @@ def optimize(
     mine = seqs if sync is None else sync.shard(seqs)
     pairs = pair_tokens(policy.model, checkpointing=opt.gradient_checkpointing)  # attention's T x T memory
     batches = micro_batches(mine, opt, policy.tokenizer.pad_token_id or 0, pair_cost=pairs)
-    counts = StepCounts(
-        num_sequences=len(seqs), num_tokens=sum(s.num_sampled for s in seqs)
-    )  # the whole step's, on every rank
+    counts = step_counts(seqs)  # the whole step's, on every rank
     totals: dict[str, float] = {}
     with gradient_step(policy, optimizer) as model, checkpointed_layers(model, opt.gradient_checkpointing):
         # under the policy's lock: adapters served beside the trained one may come and go meanwhile
@@ -318,6 +344,8 @@ def optimize(
 
                 stale = stale_logprobs(model, batch, live, history, forward)
             lp, entropy = _logprobs(model, batch, prefix_len, opt.gradient_checkpointing)  # [B, T]
+            rollout_ids = batch.rollout_ids  # the loss's sequences: rollouts, split at a prefix break or not
+            assert rollout_ids is not None  # TrainBatch.__post_init__ fills it
             lp_ref = None
             if loss_fn.needs_reference:
                 with torch.no_grad(), reference_weights(model):
@@ -327,7 +355,7 @@ def optimize(
                 batch.old_logprobs,
                 batch.advantages,
                 batch.sampled_mask,
-                batch.seq_ids,
+                rollout_ids,
                 counts=counts,
                 lp_ref=lp_ref,
                 lp_train_old=None if history is None else old_policy_logprobs(lp, stale),
@@ -355,6 +383,13 @@ def optimize(
         lr = optimizer.param_groups[0]["lr"]
         _exploding_step(policy.adapters.version + 1, growth, lr, opt.on_nonfinite)
     return totals
+
+
+def step_counts(seqs: Sequence[TrainSequence]) -> StepCounts:
+    """The loss's normalizers for a step of `seqs`: its rollouts (`tokenize.rollouts`; the sequences
+    of one split at a prefix break count once, as GRPO's mean over sequences is over rollouts) and
+    its sampled tokens."""
+    return StepCounts(num_sequences=len(rollouts(seqs)), num_tokens=sum(s.num_sampled for s in seqs))
 
 
 MAX_WEIGHT_GROWTH = 10.0

@@ -46,6 +46,7 @@ from grooves.policy.batching import BatchScheduler
 from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion, SamplingParams
 from grooves.serve.chat import _sample_unless_gone, read_request, require_served, vocab_size
+from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.routing import ModelRoutes, UnknownModel
 
@@ -167,9 +168,7 @@ def read_generate_request(body: bytes) -> GenerateRequest:
     try:
         req = GenerateRequest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise APIError(400, f"{where}: {first['msg']}", where) from None
+        raise request_error(exc) from None
     _check_extras(req.model_extra or {}, INERT_REQUEST, "")
     _check_extras(req.sampling_params.model_extra or {}, INERT_SAMPLING, "sampling_params.")
     if req.stream:

@@ -31,7 +31,8 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
     "tools": FieldSupport(
         "limited",
         "function tools, checked and rendered as on Chat Completions; a hosted tool (web search, file"
-        " search, computer, MCP, custom) is a 400 naming its `type`",
+        " search, computer, MCP, custom) is a 400 naming its `type`; `defer_loading`, `allowed_callers`,"
+        " `output_schema` and `async` pass only at values that ask for nothing",
     ),
     "tool_choice": FieldSupport(
         "limited",

@@ -91,6 +91,33 @@ def test_text_mode_and_no_logprobs(policy, http):
         ({"token_ids": [5], "stream": True}, "stream", "stream: false"),
         ({"token_ids": [5], "sampling_params": {"max_tokens": 10**6}}, "sampling_params.max_tokens", "limit"),
         ({"token_ids": [5], "model": "other"}, "model", "not served"),
+        # strict JSON types, as on chat: `true` and "0.5" are not numbers
+        (
+            {"token_ids": [5], "sampling_params": {"temperature": True}},
+            "sampling_params.temperature",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"temperature": "0.5"}},
+            "sampling_params.temperature",
+            "number",
+        ),
+        ({"token_ids": [5], "sampling_params": {"top_p": True}}, "sampling_params.top_p", "number"),
+        (
+            {"token_ids": [5], "sampling_params": {"presence_penalty": "1"}},
+            "sampling_params.presence_penalty",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"frequency_penalty": False}},
+            "sampling_params.frequency_penalty",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"logit_bias": {"5": True}}},
+            "sampling_params.logit_bias.5",
+            "number",
+        ),
     ],
 )
 def test_bad_input_is_one_error_naming_it(http, body, param, words):

@@ -49,6 +49,7 @@ from grooves.serve.chat import _sample_unless_gone, read_request, require_served
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.routing import ModelRoutes, UnknownModel
+from grooves.serve.schemas import StrictFloat
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -93,15 +94,15 @@ class GenerateSampling(BaseModel):
 
     n: StrictInt = Field(default=1, ge=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    presence_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    frequency_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: StrictFloat = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: StrictFloat = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    logit_bias: dict[str, StrictFloat] | None = None
     skip_special_tokens: StrictBool = True
     detokenize: StrictBool = True
 

@@ -74,6 +74,18 @@ def test_text_mode_and_no_logprobs(policy, http):
     assert choice["text"] == policy.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
 
 
+def test_logprobs_zero_gives_the_sampled_tokens_own_entry(policy, http):
+    prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": 4, "seed": 2, "logprobs": 0}}
+    (choice,) = http.post("/inference/v1/generate", json=body).json()["choices"]
+    entries = choice["logprobs"]["content"]
+    assert [e["token_id"] for e in entries] == choice["token_ids"]
+    for e in entries:  # vLLM's semantics: no alternatives, the sampled token's own logprob entry
+        assert e["top_logprobs"] == [
+            {"token": e["token"], "token_id": e["token_id"], "logprob": e["logprob"]}
+        ]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [

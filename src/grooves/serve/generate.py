@@ -22,9 +22,10 @@ a choice's `adapter_version` says which training step's weights sampled it.
 
 `sampling_params` takes vLLM's names. Those grooves samples with: `n`, `max_tokens` (default
 256), `temperature`, `top_p`, `seed`, `stop`, `stop_token_ids` (the model's end-of-turn ids,
-which always stop a sample, as vLLM's eos does), `logprobs` (the alternatives per token, 0 to
-20; null: no logprobs), `presence_penalty`, `frequency_penalty`, `logit_bias`,
-`skip_special_tokens` and `detokenize` (for `output_mode: "text"`). The others are accepted at
+which always stop a sample, as vLLM's eos does), `logprobs` (the alternatives per token, 1 to
+20; 0: the sampled token's own entry as its one top entry, as vLLM; null: no logprobs),
+`presence_penalty`, `frequency_penalty`, `logit_bias`, `skip_special_tokens` and `detokenize`
+(for `output_mode: "text"`). The others are accepted at
 their vLLM default (`top_k: -1`, `min_p: 0`, `repetition_penalty: 1`, `ignore_eos: false`, ...)
 and are a 400 naming `sampling_params.<name>` at any other value, as is a field vLLM does not have.
 """
@@ -285,7 +286,9 @@ def answer(
             "token_ids": c.token_ids,
             "finish_reason": c.finish_reason,
             "stop_reason": None,
-            "logprobs": _logprobs(c) if req.sampling_params.logprobs is not None else None,
+            "logprobs": _logprobs(c, req.sampling_params.logprobs)
+            if req.sampling_params.logprobs is not None
+            else None,
             "adapter_version": version,
             "adapter_id": adapter_id,
         }
@@ -307,11 +310,17 @@ def answer(
     }
 
 
-def _logprobs(c: Completion) -> dict[str, Any]:
+def _logprobs(c: Completion, alternatives: int) -> dict[str, Any]:
+    """vLLM's logprobs of a choice: each sampled token's entry with its `alternatives` most likely
+    tokens; with 0 alternatives, as vLLM, the sampled token's own entry is its one top entry."""
+
     def entry(token: int, logprob: float) -> dict[str, Any]:
         return {"token": f"token_id:{token}", "token_id": token, "logprob": logprob}
 
-    tops = c.top_logprobs or [[] for _ in c.token_ids]
+    if alternatives == 0:
+        tops = [[(t, lp)] for t, lp in zip(c.token_ids, c.logprobs, strict=True)]
+    else:
+        tops = c.top_logprobs or [[] for _ in c.token_ids]
     return {
         "content": [
             entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}

@@ -154,6 +154,23 @@ def test_a_streamed_call_is_an_item_with_its_arguments(client):
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_a_call_cut_at_max_output_tokens_is_incomplete(client, streamed):
+    # the grammar writes the call's opening: 16 tokens end inside its arguments, on any machine
+    request = {"model": "tiny", "input": "weather?", "tools": [WEATHER], "tool_choice": "required"}
+    if streamed:
+        with client.responses.stream(**request, max_output_tokens=16) as stream:
+            events = list(stream)
+        done = [e.item.status for e in events if e.type == "response.output_item.done"]
+        assert done == ["incomplete"] and events[-1].type == "response.incomplete"
+        r = events[-1].response  # the client's get_final_response() waits for response.completed only
+    else:
+        r = client.responses.create(**request, max_output_tokens=16)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "incomplete"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [

@@ -43,7 +43,7 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
     "max_output_tokens": FieldSupport(
         "limited",
         "default 256; at most `--max-request-tokens`; prompt + it within the context; a response cut by it"
-        ' is `status: "incomplete"`',
+        ' is `status: "incomplete"`, and so is a call it cuts',
     ),
     "temperature": FieldSupport("supported", "0 to 2; 0 is greedy"),
     "top_p": FieldSupport("supported", "as on Chat Completions"),

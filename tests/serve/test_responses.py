@@ -360,4 +360,5 @@ def test_each_refused_field_is_a_400_and_its_inert_values_pass(client, name):
         client.post("/responses", body={**base, name: "something"}, cast_to=object)
     assert caught.value.body["param"] == name
     for inert in RESPONSES_FIELDS[name].inert:
-        assert client.post("/responses", body={**base, name: inert}, cast_to=object)["status"] == "incomplete"
+        # answered: the random model may end its turn within the 2 tokens, so either status
+        assert client.post("/responses", body={**base, name: inert}, cast_to=object)["object"] == "response"

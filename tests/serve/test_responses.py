@@ -154,6 +154,24 @@ def test_a_streamed_call_is_an_item_with_its_arguments(client):
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
 
 
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({f"k{i}": "v" for i in range(17)}, "17 keys"),
+        ({"k" * 65: "v"}, "65 characters"),
+        ({"k": "v" * 513}, "513 characters"),
+    ],
+    ids=["17 keys", "a long key", "a long value"],
+)
+def test_metadata_is_held_to_openais_limits(client, metadata, words):
+    with pytest.raises(BadRequestError) as caught:
+        client.responses.create(model="tiny", input="hi", max_output_tokens=2, metadata=metadata)
+    assert caught.value.body["param"] == "metadata" and words in caught.value.body["message"]
+    at_the_limits = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2, metadata=at_the_limits)
+    assert r.metadata == at_the_limits
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_a_call_cut_at_max_output_tokens_is_incomplete(client, streamed):
     # the grammar writes the call's opening: 16 tokens end inside its arguments, on any machine

@@ -69,7 +69,11 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
         "limited",
         "true (the default) keeps the response for `previous_response_id` only; false keeps nothing",
     ),
-    "metadata": FieldSupport("supported", "echoed back on the response"),
+    "metadata": FieldSupport(
+        "supported",
+        "echoed back on the response; at most 16 keys of at most 64 characters, values of at most 512"
+        " (OpenAI's limits), else a 400 naming it",
+    ),
     "user": FieldSupport("supported", "a string of at most 256 characters, recorded in the log line"),
     "truncation": _refused('the context is never truncated; "disabled" is accepted', "disabled"),
     "reasoning": _refused("not a reasoning model"),

@@ -38,6 +38,9 @@ from grooves.serve.schemas import MAX_USER_CHARS
 
 StrictFloat = Annotated[float, Field(strict=True)]
 
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+"""OpenAI's limits on `metadata`: 16 keys, each at most 64 characters, each value at most 512."""
+
 _STATUS = Literal["in_progress", "completed", "incomplete"]
 _ASYNC = "calls are answered in the request; false is accepted"
 _DIRECT = 'the model calls tools itself; ["direct"] is accepted'
@@ -233,6 +236,25 @@ class ResponsesRequest(BaseModel):
         if isinstance(v, list):
             return _ITEMS.validate_python(v)
         raise refusal("must be a string or a list of items")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, v):
+        if v is None:
+            return v
+        if len(v) > MAX_METADATA_KEYS:
+            raise refusal(f"has {len(v)} keys: at most {MAX_METADATA_KEYS}, as OpenAI's")
+        for key, value in v.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise refusal(
+                    f"key {key[:20]!r}... has {len(key)} characters: at most {MAX_METADATA_KEY_CHARS}, as OpenAI's"
+                )
+            if len(value) > MAX_METADATA_VALUE_CHARS:
+                raise refusal(
+                    f"value of {key[:20]!r} has {len(value)} characters: at most {MAX_METADATA_VALUE_CHARS},"
+                    " as OpenAI's"
+                )
+        return v
 
     @field_validator("tool_choice")
     @classmethod

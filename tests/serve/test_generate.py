@@ -74,6 +74,18 @@ def test_text_mode_and_no_logprobs(policy, http):
     assert choice["text"] == policy.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
 
 
+def test_logprobs_zero_gives_the_sampled_tokens_own_entry(policy, http):
+    prompt = policy.prompts.render([{"role": "user", "content": "hi"}], None)
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": 4, "seed": 2, "logprobs": 0}}
+    (choice,) = http.post("/inference/v1/generate", json=body).json()["choices"]
+    entries = choice["logprobs"]["content"]
+    assert [e["token_id"] for e in entries] == choice["token_ids"]
+    for e in entries:  # vLLM's semantics: no alternatives, the sampled token's own logprob entry
+        assert e["top_logprobs"] == [
+            {"token": e["token"], "token_id": e["token_id"], "logprob": e["logprob"]}
+        ]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
@@ -91,6 +103,33 @@ def test_text_mode_and_no_logprobs(policy, http):
         ({"token_ids": [5], "stream": True}, "stream", "stream: false"),
         ({"token_ids": [5], "sampling_params": {"max_tokens": 10**6}}, "sampling_params.max_tokens", "limit"),
         ({"token_ids": [5], "model": "other"}, "model", "not served"),
+        # strict JSON types, as on chat: `true` and "0.5" are not numbers
+        (
+            {"token_ids": [5], "sampling_params": {"temperature": True}},
+            "sampling_params.temperature",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"temperature": "0.5"}},
+            "sampling_params.temperature",
+            "number",
+        ),
+        ({"token_ids": [5], "sampling_params": {"top_p": True}}, "sampling_params.top_p", "number"),
+        (
+            {"token_ids": [5], "sampling_params": {"presence_penalty": "1"}},
+            "sampling_params.presence_penalty",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"frequency_penalty": False}},
+            "sampling_params.frequency_penalty",
+            "number",
+        ),
+        (
+            {"token_ids": [5], "sampling_params": {"logit_bias": {"5": True}}},
+            "sampling_params.logit_bias.5",
+            "number",
+        ),
     ],
 )
 def test_bad_input_is_one_error_naming_it(http, body, param, words):

@@ -268,26 +268,26 @@ def _tool(function):
 
 BAD_REQUESTS = {
     "unknown model": ({**BASE, "model": "gpt-4"}, 404, "model", "model_not_found"),
-    "bad role": ({**BASE, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", None),
+    "bad role": ({**BASE, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role", None),
     "missing messages": ({"model": "tiny"}, 400, "messages", None),
     "empty messages": ({**BASE, "messages": []}, 400, "messages", None),
     "content is a number": (
         {**BASE, "messages": [{"role": "user", "content": 42}]},
         400,
-        "messages.0.content",
+        "messages[0].content",
         None,
     ),
     "content parts not objects": (
         {**BASE, "messages": [{"role": "user", "content": ["hi"]}]},
         400,
-        "messages.0.content",
+        "messages[0].content",
         None,
     ),
-    "message not an object": ({**BASE, "messages": ["hi"]}, 400, "messages.0", None),
+    "message not an object": ({**BASE, "messages": ["hi"]}, 400, "messages[0]", None),
     "bad tool call in history": (
         {**BASE, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]}]},
         400,
-        "messages.0.tool_calls.0.function",
+        "messages[0].tool_calls[0].function",
         None,
     ),
     "prompt too long": (  # "hello " is at least one token
@@ -328,7 +328,7 @@ BAD_REQUESTS = {
         "tools[0].function.parameters",
         None,
     ),
-    "tool not a function": ({**BASE, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", None),
+    "tool not a function": ({**BASE, "tools": [{"type": "retrieval"}]}, 400, "tools[0].type", None),
     # a seed past a signed 64-bit integer overflowed torch's generator and failed the whole batch
     "seed past int64": ({**BASE, "seed": 2**64 - 1}, 400, "seed", None),
     "seed below int64": ({**BASE, "seed": -(2**63) - 1}, 400, "seed", None),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from openai import BadRequestError, OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, completion_create_params
 from openai.types.chat.chat_completion import Choice
 
@@ -18,6 +19,14 @@ from grooves.serve.schemas import ChatRequest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 BASE = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+HI = {"role": "user", "content": "hi"}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+}
+SCHEMA = {"name": "x", "schema": {"type": "object", "properties": {}}}
 
 
 def doc_table(title: str) -> dict[str, str]:
@@ -72,3 +81,104 @@ def test_a_response_sends_exactly_the_supported_fields(client):
         "prompt_token_ids",
     }  # sent when there are calls, when asked
     assert {k for k, v in RESPONSE_FIELDS.items() if v.status == "refused"} & sent == set()
+
+
+NESTED = {  # a field inside an object: refused naming its path, however deep
+    "message extra": (
+        {"messages": [HI | {"cache_control": {"type": "ephemeral"}}]},
+        "messages[0].cache_control",
+    ),
+    "part extra": (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]},
+        "messages[0].content[0].cache_control",
+    ),
+    "part cache breakpoint": (
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi", "prompt_cache_breakpoint": {}}]}
+            ]
+        },
+        "messages[0].content[0].prompt_cache_breakpoint",
+    ),
+    "refusal sent back": (
+        {"messages": [HI, {"role": "assistant", "content": "no", "refusal": "no"}, HI]},
+        "messages[1].refusal",
+    ),
+    "call function extra": (
+        {
+            "messages": [
+                HI,
+                CALLED
+                | {
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}", "strict": True},
+                        }
+                    ]
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ]
+        },
+        "messages[1].tool_calls[0].function.strict",
+    ),
+    "call extra": (
+        {
+            "messages": [
+                HI,
+                CALLED | {"tool_calls": [CALLED["tool_calls"][0] | {"index": 0}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ]
+        },
+        "messages[1].tool_calls[0].index",
+    ),
+    "tool extra": ({"tools": [TOOL | {"defer_loading": True}]}, "tools[0].defer_loading"),
+    "function extra": (
+        {"tools": [{"type": "function", "function": TOOL["function"] | {"output_schema": {}}}]},
+        "tools[0].function.output_schema",
+    ),
+    "tool_choice extra": (
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f", "arguments": "{}"}}},
+        "tool_choice.function.arguments",
+    ),
+    "json_object with a schema": (
+        {"response_format": {"type": "json_object", "schema": {"type": "object"}}},
+        "response_format.schema",
+    ),
+    "json_schema description": (
+        {"response_format": {"type": "json_schema", "json_schema": SCHEMA | {"description": "a thing"}}},
+        "response_format.json_schema.description",
+    ),
+    "json_schema extra": (
+        {"response_format": {"type": "json_schema", "json_schema": SCHEMA | {"strict_mode": True}}},
+        "response_format.json_schema.strict_mode",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def openai_client(client):
+    return OpenAI(base_url=str(client.base_url) + "/v1", api_key="x", http_client=client, max_retries=0)
+
+
+@pytest.mark.parametrize("case", list(NESTED))
+def test_a_nested_field_is_refused_naming_its_path(openai_client, case):
+    body, param = NESTED[case]
+    with pytest.raises(BadRequestError) as caught:
+        openai_client.post("/chat/completions", body={**BASE, **body}, cast_to=object)
+    error = caught.value.body
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
+def test_a_message_the_client_read_goes_back_as_it_is(openai_client):
+    first = openai_client.chat.completions.create(model="tiny", messages=[HI], max_tokens=3)
+    message = first.choices[0].message
+    prompts = []
+    # the object itself (the client sends the fields it read) and its whole dump (nulls included)
+    for sent_back in (message, message.model_dump()):
+        again = openai_client.chat.completions.create(
+            model="tiny", messages=[HI, sent_back, HI], max_tokens=2
+        )
+        prompts.append(again.choices[0].model_extra["prompt_token_ids"])
+    assert prompts[0] == prompts[1]  # the nulls ask for nothing: the same prompt

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import json
 import sys
 
 import pytest
@@ -136,6 +138,40 @@ def test_the_server_refuses_a_verifiers_version_outside_the_range(monkeypatch, c
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"error: verifiers {found} is installed" in err and ">= 0.4, < 0.5" in err
+
+
+def verifiers_import(env_id: str):
+    """Stands in for verifiers' loader: it imports the environment's package and, on a
+    ModuleNotFoundError, raises one of its own ("... not found") from the original."""
+
+    def rows(config, overrides):
+        try:
+            importlib.import_module(env_id)
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(f"taskset {env_id!r} not found (tried to import {env_id!r})") from exc
+        return {}
+
+    return rows
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["missing a dependency", "not installed"])
+def test_an_environment_that_cannot_be_imported_says_why(monkeypatch, capsys, tmp_path, installed):
+    env_id = "quiz_env_that_imports_a_missing_package"
+    if installed:  # its package is there, but a package it imports is not
+        (tmp_path / env_id).mkdir()
+        (tmp_path / env_id / "__init__.py").write_text("import sympy_is_not_installed_here\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.4.0")
+    monkeypatch.setattr(verifiers_server, "_rows", verifiers_import(env_id))
+    config = json.dumps({"taskset": {"id": env_id}})
+    with pytest.raises(SystemExit) as caught:
+        verifiers_server.main(["--config", config, "--splits", "{}", "--rows", str(tmp_path / "rows.json")])
+    err = capsys.readouterr().err.strip()
+    assert caught.value.code == 2 and err.count("\n") == 0
+    if installed:
+        assert "not installed" not in err and "No module named 'sympy_is_not_installed_here'" in err, err
+    else:
+        assert f"verifiers environment {env_id!r} is not installed" in err, err
 
 
 def test_a_settings_option_is_a_json_object():

@@ -34,11 +34,11 @@ from grooves.policy.constraints import ConstraintError
 from grooves.policy.logits import LOGIT_BIAS_RANGE
 from grooves.policy.sampling import Completion, SamplingParams
 from grooves.serve import compat
+from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError, sampling_error
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import (
     ChatRequest,
-    Message,
     choice_body,
     completion_body,
     log_answer,
@@ -188,7 +188,7 @@ async def _answer(
 
 
 def read_request(body: bytes) -> ChatRequest:
-    """The request body as a `ChatRequest` (a 400 naming the field, as FastAPI's own validation)."""
+    """The request body as a `ChatRequest`; a 400 naming the field's path (`serve.closed.request_error`)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # not JSON, bytes that are no text, nesting past the stack
@@ -209,13 +209,12 @@ def read_request(body: bytes) -> ChatRequest:
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None
+        raise request_error(exc) from None
 
 
 def prepare(policy: Policy, req: ChatRequest, max_tokens: int):
     """(messages, tools, prompt ids, sampling params) of a checked request; on a worker thread, since
-    each step grows with the request: checking its parts and tool schemas, rendering, compiling its grammar."""
-    check_content(req.messages)
+    each step grows with the request: checking its tool schemas, rendering, compiling its grammar."""
     validate_tools(req.tools)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = req.tools if req.tool_choice != "none" else None
@@ -245,13 +244,12 @@ def prepare(policy: Policy, req: ChatRequest, max_tokens: int):
 
 
 def validate_tools(tools: list[dict[str, Any]] | None) -> None:
-    """OpenAI function tools: a name matching [a-zA-Z0-9_-]{1,64} and a JSON-schema `parameters`."""
+    """OpenAI function tools (their shape checked by `schemas.Tool`): a name matching
+    [a-zA-Z0-9_-]{1,64} and a JSON-schema `parameters`."""
     for i, tool in enumerate(tools or []):
         where = f"tools[{i}]"
-        if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise APIError(400, f"{where}: expected {{'type': 'function', 'function': {{...}}}}", param=where)
         fn = tool["function"]
-        if not isinstance(fn.get("name"), str) or not _FN_NAME.match(fn["name"]):
+        if not _FN_NAME.match(fn["name"]):
             raise APIError(
                 400, f"{where}.function.name must match [a-zA-Z0-9_-]{{1,64}}", param=f"{where}.function.name"
             )
@@ -272,24 +270,6 @@ def validate_tools(tools: list[dict[str, Any]] | None) -> None:
                 f"{where}.function.parameters must be an object schema",
                 param=f"{where}.function.parameters",
             )
-
-
-def check_content(messages: list[Message]) -> None:
-    """Only text reaches a text model: an image, audio or file part is refused, not silently dropped."""
-    for i, m in enumerate(messages):
-        if not isinstance(m.content, list):
-            continue
-        for j, part in enumerate(m.content):
-            where = f"messages[{i}].content[{j}]"
-            if part.get("type") != "text":
-                raise APIError(
-                    400,
-                    f"{where}.type is {part.get('type')!r}: this server serves a text-only model and takes "
-                    "only {'type': 'text', 'text': '...'} parts",
-                    f"{where}.type",
-                )
-            if not isinstance(part.get("text"), str):
-                raise APIError(400, f"{where}.text must be a string", f"{where}.text")
 
 
 def check_fields(req: ChatRequest) -> None:

@@ -4,7 +4,8 @@ Every request field OpenAI's Chat Completions API defines is listed here as `sup
 `limited` (supported with the limits in its note) or `refused` (a 400 naming it). A refused field
 is accepted only at a value that asks for nothing (`store: false`, `modalities: ["text"]`, null);
 any other value, and any field not in the table, is a 400 naming the field: a request is never
-answered as if a field it sent had been honoured. tests/serve/test_server_compat.py reads the table in
+answered as if a field it sent had been honoured (the objects inside a field are held to their keys by
+`serve.closed`). tests/serve/test_server_compat.py reads the table in
 docs/serving.md and checks it against `REQUEST_FIELDS` and `RESPONSE_FIELDS`, and sends each
 refused field to the server.
 """

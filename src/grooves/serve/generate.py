@@ -22,9 +22,10 @@ a choice's `adapter_version` says which training step's weights sampled it.
 
 `sampling_params` takes vLLM's names. Those grooves samples with: `n`, `max_tokens` (default
 256), `temperature`, `top_p`, `seed`, `stop`, `stop_token_ids` (the model's end-of-turn ids,
-which always stop a sample, as vLLM's eos does), `logprobs` (the alternatives per token, 0 to
-20; null: no logprobs), `presence_penalty`, `frequency_penalty`, `logit_bias`,
-`skip_special_tokens` and `detokenize` (for `output_mode: "text"`). The others are accepted at
+which always stop a sample, as vLLM's eos does), `logprobs` (the alternatives per token, 1 to
+20; 0: the sampled token's own entry as its one top entry, as vLLM; null: no logprobs),
+`presence_penalty`, `frequency_penalty`, `logit_bias`, `skip_special_tokens` and `detokenize`
+(for `output_mode: "text"`). The others are accepted at
 their vLLM default (`top_k: -1`, `min_p: 0`, `repetition_penalty: 1`, `ignore_eos: false`, ...)
 and are a 400 naming `sampling_params.<name>` at any other value, as is a field vLLM does not have.
 """
@@ -46,8 +47,10 @@ from grooves.policy.batching import BatchScheduler
 from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion, SamplingParams
 from grooves.serve.chat import _sample_unless_gone, read_request, require_served, vocab_size
+from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.routing import ModelRoutes, UnknownModel
+from grooves.serve.schemas import StrictFloat
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -92,15 +95,15 @@ class GenerateSampling(BaseModel):
 
     n: StrictInt = Field(default=1, ge=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    presence_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    frequency_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: StrictFloat = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: StrictFloat = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    logit_bias: dict[str, StrictFloat] | None = None
     skip_special_tokens: StrictBool = True
     detokenize: StrictBool = True
 
@@ -167,9 +170,7 @@ def read_generate_request(body: bytes) -> GenerateRequest:
     try:
         req = GenerateRequest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise APIError(400, f"{where}: {first['msg']}", where) from None
+        raise request_error(exc) from None
     _check_extras(req.model_extra or {}, INERT_REQUEST, "")
     _check_extras(req.sampling_params.model_extra or {}, INERT_SAMPLING, "sampling_params.")
     if req.stream:
@@ -285,7 +286,9 @@ def answer(
             "token_ids": c.token_ids,
             "finish_reason": c.finish_reason,
             "stop_reason": None,
-            "logprobs": _logprobs(c) if req.sampling_params.logprobs is not None else None,
+            "logprobs": _logprobs(c, req.sampling_params.logprobs)
+            if req.sampling_params.logprobs is not None
+            else None,
             "adapter_version": version,
             "adapter_id": adapter_id,
         }
@@ -307,11 +310,17 @@ def answer(
     }
 
 
-def _logprobs(c: Completion) -> dict[str, Any]:
+def _logprobs(c: Completion, alternatives: int) -> dict[str, Any]:
+    """vLLM's logprobs of a choice: each sampled token's entry with its `alternatives` most likely
+    tokens; with 0 alternatives, as vLLM, the sampled token's own entry is its one top entry."""
+
     def entry(token: int, logprob: float) -> dict[str, Any]:
         return {"token": f"token_id:{token}", "token_id": token, "logprob": logprob}
 
-    tops = c.top_logprobs or [[] for _ in c.token_ids]
+    if alternatives == 0:
+        tops = [[(t, lp)] for t, lp in zip(c.token_ids, c.logprobs, strict=True)]
+    else:
+        tops = c.top_logprobs or [[] for _ in c.token_ids]
     return {
         "content": [
             entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}

@@ -25,16 +25,17 @@ import json
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve import compat
 from grooves.serve.chat import _sample_unless_gone, prepare, require_served
+from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.responses_fields import INCLUDABLE, RESPONSES_FIELDS
-from grooves.serve.responses_input import ResponsesRequest, as_chat_request, renamed
+from grooves.serve.responses_input import as_chat_request, renamed
+from grooves.serve.responses_request import ResponsesRequest
 from grooves.serve.responses_stream import stream_response
 from grooves.serve.responses_turn import ResponseStore, Turn
 from grooves.serve.routing import ModelRoutes, UnknownModel
@@ -99,7 +100,7 @@ def responses_router(
 
 
 def read_responses_request(body: bytes) -> ResponsesRequest:
-    """The request body as a `ResponsesRequest` (a 400 naming the field, as FastAPI's own validation)."""
+    """The request body as a `ResponsesRequest`; a 400 naming the field's path (`serve.closed.request_error`)."""
     from grooves.serve.chat import read_request  # its JSON errors; the model is validated here
 
     try:
@@ -110,7 +111,7 @@ def read_responses_request(body: bytes) -> ResponsesRequest:
     try:
         return ResponsesRequest.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None
+        raise request_error(exc) from None
 
 
 def check_fields(req: ResponsesRequest) -> None:

@@ -31,7 +31,8 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
     "tools": FieldSupport(
         "limited",
         "function tools, checked and rendered as on Chat Completions; a hosted tool (web search, file"
-        " search, computer, MCP, custom) is a 400 naming its `type`",
+        " search, computer, MCP, custom) is a 400 naming its `type`; `defer_loading`, `allowed_callers`,"
+        " `output_schema` and `async` pass only at values that ask for nothing",
     ),
     "tool_choice": FieldSupport(
         "limited",
@@ -42,7 +43,7 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
     "max_output_tokens": FieldSupport(
         "limited",
         "default 256; at most `--max-request-tokens`; prompt + it within the context; a response cut by it"
-        ' is `status: "incomplete"`',
+        ' is `status: "incomplete"`, and so is a call it cuts',
     ),
     "temperature": FieldSupport("supported", "0 to 2; 0 is greedy"),
     "top_p": FieldSupport("supported", "as on Chat Completions"),
@@ -68,7 +69,11 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
         "limited",
         "true (the default) keeps the response for `previous_response_id` only; false keeps nothing",
     ),
-    "metadata": FieldSupport("supported", "echoed back on the response"),
+    "metadata": FieldSupport(
+        "supported",
+        "echoed back on the response; at most 16 keys of at most 64 characters, values of at most 512"
+        " (OpenAI's limits), else a 400 naming it",
+    ),
     "user": FieldSupport("supported", "a string of at most 256 characters, recorded in the log line"),
     "truncation": _refused('the context is never truncated; "disabled" is accepted', "disabled"),
     "reasoning": _refused("not a reasoning model"),

@@ -3,14 +3,15 @@
 `POST /v1/responses` is not a second sampling path: its input items, instructions, function
 tools, `tool_choice` and `text.format` are turned into a `ChatRequest` (`as_chat_request`), which
 goes through the chat route's own preparation (rendering with token continuity, tool checks,
-grammars) and sampling. What cannot be turned into chat is a 400 naming the item or field:
+grammars) and sampling. The request was checked by `serve.responses_request` (what cannot be
+turned into chat is a 400 naming the item or field there); here:
 
-- `input` items: `message` (user, system, developer, assistant; text parts only),
-  `function_call` (joined to the assistant message before it, so a turn the server sampled comes
-  back as the one assistant message it remembered), `function_call_output` (a `tool` message);
-- `tools`: function tools only (flat in Responses, nested under `function` in chat);
-- `tool_choice`: the strings, or `{"type": "function", "name": ...}`;
-- `text.format`: text, json_object, or json_schema (its name, schema and strict beside `type`).
+- `input` items: a `message` is a chat message (its text parts joined), a `function_call` is
+  joined to the assistant message before it (so a turn the server sampled comes back as the one
+  assistant message it remembered), a `function_call_output` is a `tool` message;
+- `tools`: flat in Responses, nested under `function` in chat;
+- `tool_choice`: `{"type": "function", "name": ...}` is chat's `{"type": "function", "function": {"name": ...}}`;
+- `text.format`: chat's `response_format` (a json_schema's name, schema and strict under `json_schema`).
 
 Errors found by the chat checks name chat fields; `responses_param` names the Responses field instead.
 """
@@ -18,136 +19,53 @@ Errors found by the chat checks name chat fields; `responses_param` names the Re
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import ValidationError
 
-from grooves.policy.sampling import MAX_TOP_LOGPROBS
+from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
-from grooves.serve.schemas import MAX_USER_CHARS, ChatRequest
-
-StrictFloat = Annotated[float, Field(strict=True)]
-
-_TEXT_PARTS = {"input_text", "output_text", "text"}
-
-
-class ResponsesRequest(BaseModel):
-    # fields outside this model arrive as extras, checked against `responses_fields.RESPONSES_FIELDS`
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    input: str | list[dict[str, Any]]
-    instructions: StrictStr | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: StrictBool | None = None
-    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    include: list[str] | None = None
-    text: dict[str, Any] | None = None
-    stream: StrictBool | None = False
-    previous_response_id: StrictStr | None = None
-    store: StrictBool | None = True
-    metadata: dict[str, StrictStr] | None = None
-    user: StrictStr | None = Field(default=None, max_length=MAX_USER_CHARS)
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return "message.output_text.logprobs" in (self.include or []) or bool(self.top_logprobs)
+from grooves.serve.responses_request import ResponsesRequest
+from grooves.serve.schemas import ChatRequest
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat messages of a request's `input` (see the module docstring)."""
+    """The chat messages of a request's `input` (checked by `ResponsesRequest`; see the module docstring)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        kind = item.get("type", "message" if "role" in item else None)
+    for item in items:
+        kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, where))
+            messages.append({"role": item["role"], "content": _text(item["content"])})
         elif kind == "function_call":
             call = {
-                "id": _text_field(item, "call_id", where),
+                "id": item["call_id"],
                 "type": "function",
-                "function": {
-                    "name": _text_field(item, "name", where),
-                    "arguments": _text_field(item, "arguments", where),
-                },
+                "function": {"name": item["name"], "arguments": item["arguments"]},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            content = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
+        else:  # function_call_output
             messages.append(
-                {"role": "tool", "tool_call_id": _text_field(item, "call_id", where), "content": content}
-            )
-        else:
-            raise APIError(
-                400,
-                f"{where}.type is {kind!r}: this server takes message, function_call and function_call_output "
-                "items (a text-only model with function tools)",
-                f"{where}.type",
+                {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])}
             )
     return messages
 
 
-def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
-    role = item.get("role")
-    if role not in ("user", "system", "developer", "assistant"):
-        raise APIError(
-            400, f"{where}.role must be user, system, developer or assistant, not {role!r}", f"{where}.role"
-        )
-    content = item.get("content")
-    text = content if isinstance(content, str) else _parts_text(content, f"{where}.content")
-    return {"role": role, "content": text}
-
-
-def _parts_text(parts: Any, where: str) -> str:
-    if not isinstance(parts, list):
-        raise APIError(400, f"{where} must be a string or a list of text parts", where)
-    texts = []
-    for j, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise APIError(
-                400,
-                f"{where}[{j}].type is {kind!r}: this server serves a text-only model and takes only "
-                "input_text and output_text parts",
-                f"{where}[{j}].type",
-            )
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-def _text_field(item: dict[str, Any], name: str, where: str) -> str:
-    value = item.get(name)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}.{name} must be a string", f"{where}.{name}")
-    return value
+def _text(content: str | list[dict[str, Any]]) -> str:
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Responses function tools (`{"type": "function", "name", "parameters", ...}`) in chat's shape."""
     if not tools:
         return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise APIError(
-                400,
-                f"tools[{i}].type is {tool.get('type')!r}: this server runs no hosted tools; send function tools",
-                f"tools[{i}].type",
-            )
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
+    keep = ("name", "description", "parameters", "strict")
+    return [{"type": "function", "function": {k: t[k] for k in keep if t.get(k) is not None}} for t in tools]
 
 
 def chat_tool_choice(choice: Any) -> Any:
@@ -163,24 +81,11 @@ def chat_tool_choice(choice: Any) -> Any:
 
 
 def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`text.format` as chat's `response_format`; `text.verbosity` is refused."""
-    if not text:
-        return None
-    extra = sorted(set(text) - {"format", "verbosity"})
-    if extra:
-        raise APIError(400, f"text.{extra[0]} is not a field of text; it takes format", f"text.{extra[0]}")
-    if text.get("verbosity") is not None:
-        raise APIError(
-            400,
-            "text.verbosity is not supported by this server (no verbosity control); remove it",
-            "text.verbosity",
-        )
-    fmt = text.get("format")
+    """`text.format` as chat's `response_format` (`text.verbosity` is refused by `TextConfig`)."""
+    fmt = (text or {}).get("format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict):
-        raise APIError(400, "text.format must be an object", "text.format")
-    if fmt.get("type") == "json_schema":
+    if fmt["type"] == "json_schema":
         spec = {k: v for k, v in fmt.items() if k != "type"}
         return {"type": "json_schema", "json_schema": spec}
     return fmt
@@ -210,7 +115,10 @@ def as_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> Cha
         "stream": req.stream,
         "user": req.user,
     }
-    return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    try:
+        return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:  # the Responses request was checked: a chat field it cannot fill
+        raise request_error(exc) from None
 
 
 _PARAMS = (

@@ -10,7 +10,8 @@ it may still become a tool call, calls sent whole once parsed); its deltas becom
   `response.output_item.done`;
 - for each call: `response.output_item.added` (a `function_call`), one
   `response.function_call_arguments.delta` with the whole arguments,
-  `response.function_call_arguments.done`, `response.output_item.done`;
+  `response.function_call_arguments.done`, `response.output_item.done` (its item `incomplete`
+  when `max_output_tokens` cut it);
 - `response.completed` (or `response.incomplete` when cut at `max_output_tokens`) with the whole
   response, its output items the ones streamed (the same ids) and grooves' token record.
 
@@ -31,7 +32,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import SamplingParams
 from grooves.serve.errors import APIError, error_body, sampling_error
-from grooves.serve.responses_turn import Turn, function_call_item
+from grooves.serve.responses_turn import Turn, ends_in_cut_call, function_call_item
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import log_answer
 from grooves.serve.streaming import ChoiceStream, FirstChunkResponse, _ended, forward_events, sse
@@ -64,7 +65,13 @@ class ResponseEvents:
             "response.in_progress", {"response": skeleton}
         )
 
-    def deltas(self, choices: list[dict[str, Any]]) -> bytes:
+    def deltas(self, choices: list[dict[str, Any]], *, cut_call: bool = False) -> bytes:
+        """The events of some choice deltas; `cut_call`: the last call in them was cut at
+        `max_output_tokens` (a cut call is only ever sent with the last deltas), so its item is incomplete."""
+        cut = None
+        if cut_call:
+            calls = [call for choice in choices for call in choice["delta"].get("tool_calls") or []]
+            cut = calls[-1] if calls else None
         out = b""
         for choice in choices:
             delta = choice["delta"]
@@ -72,7 +79,7 @@ class ResponseEvents:
                 lps = (choice.get("logprobs") or {}).get("content") or [] if self.logprobs else []
                 out += self._text_delta(delta["content"], lps)
             for call in delta.get("tool_calls") or []:
-                out += self._close_text() + self._call(call)
+                out += self._close_text() + self._call(call, "incomplete" if call is cut else "completed")
         return out
 
     def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> bytes:
@@ -127,8 +134,8 @@ class ResponseEvents:
             + self.emit("response.output_item.done", {"output_index": index, "item": item})
         )
 
-    def _call(self, call: dict[str, Any]) -> bytes:
-        item = function_call_item(call)
+    def _call(self, call: dict[str, Any], status: str) -> bytes:
+        item = function_call_item(call, status)
         index = len(self.items)
         self.items.append(item)
         args = item["arguments"]
@@ -199,8 +206,8 @@ def stream_response(
                         out += events.deltas(choice.token(token))
                         if token.completion is not None:
                             completion = token.completion
-                            last, _ = choice.finish(completion, {})
-                            out += events.deltas(last)
+                            last, parsed = choice.finish(completion, {})
+                            out += events.deltas(last, cut_call=ends_in_cut_call(parsed))
                     if out:
                         yield out
                     step = await queue.get()

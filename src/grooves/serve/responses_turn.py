@@ -1,7 +1,8 @@
 """One answered Responses API request: how its sample becomes output items and a `response` object.
 
 `Turn` keeps what the request was read as (its chat messages, tools and prompt ids), turns the
-sample into a `message` item (the text, with logprobs when asked) and `function_call` items,
+sample into a `message` item (the text, with logprobs when asked) and `function_call` items (the
+last one `incomplete` when `max_output_tokens` cut it),
 remembers the turn's token ids for the next request that sends it back, and, with `store`, keeps
 its messages in the `ResponseStore` that `previous_response_id` reads.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from grooves.policy.base import Policy
 from grooves.policy.sampling import Completion
+from grooves.policy.tool_calls import ParsedOutput
 from grooves.serve.errors import APIError
 from grooves.serve.responses_fields import MAX_STORED_RESPONSES
 from grooves.serve.schemas import logprobs_block, token_record
@@ -62,7 +64,10 @@ class Turn:
         items = []
         if parsed.content:
             items.append(message_item(parsed.content, logprobs, cut))
-        items += [function_call_item(call) for call in parsed.tool_calls]
+        calls = [function_call_item(call) for call in parsed.tool_calls]
+        if calls and ends_in_cut_call(parsed):
+            calls[-1]["status"] = "incomplete"
+        items += calls
         self.remember(
             policy,
             {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls},
@@ -136,15 +141,21 @@ def message_item(text: str, logprobs: list[dict[str, Any]], cut: bool) -> dict[s
     }
 
 
-def function_call_item(call: dict[str, Any]) -> dict[str, Any]:
+def function_call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     return {
         "id": f"fc_{uuid.uuid4().hex}",
         "type": "function_call",
         "call_id": call["id"],
         "name": call["function"]["name"],
         "arguments": call["function"]["arguments"],
-        "status": "completed",
+        "status": status,
     }
+
+
+def ends_in_cut_call(parsed: ParsedOutput) -> bool:
+    """Whether the last of the parsed calls was cut at `max_output_tokens` (its arguments as far as
+    written): its item is `incomplete`, as the response is."""
+    return parsed.cut is not None and parsed.cut.last == "partial"
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:

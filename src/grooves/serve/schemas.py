@@ -1,6 +1,8 @@
 """The chat completions API's request and response, as grooves serves them.
 
-Requests are validated by these models (a bad field is a 400 naming it); responses are OpenAI's
+Requests are validated by these models (a bad field is a 400 naming it); the objects inside a
+request (messages, their parts and tool calls, tools, a named `tool_choice`, `response_format`) are
+`serve.closed` models, which refuse a key they do not declare, naming its path. Responses are OpenAI's
 chat completion with the fields training needs on every choice (`token_ids`, `prompt_token_ids`,
 `sampled_logprobs`, `adapter_version`, `adapter_id`, `temperature`), which the `openai` client
 keeps as extra attributes.
@@ -15,10 +17,20 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    field_validator,
+)
 
 from grooves.policy.logits import PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion
+from grooves.serve.closed import Closed, one_of, refusal, refused, shaped
 
 log = logging.getLogger("grooves.server")
 
@@ -29,43 +41,137 @@ MAX_USER_CHARS = 256
 """The longest `user` (an end-user id) a request may send; it goes into a log line."""
 
 
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TextPart(Closed):
+    """A part of a message's content: text, the only kind a text-only model reads."""
 
-    name: str
-    arguments: str | dict[str, Any] = "{}"
+    type: str
+    text: StrictStr
+    prompt_cache_breakpoint: Annotated[Any, refused("no prompt cache")] = None
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise refusal(
+                f"is {v!r}: this server serves a text-only model and takes only "
+                "{'type': 'text', 'text': '...'} parts"
+            )
+        return v
 
 
-class ToolCall(BaseModel):
+_PARTS = TypeAdapter(list[Annotated[dict[str, Any], shaped(TextPart)]])
+
+
+class ToolCallFunction(Closed):
+    name: StrictStr
+    arguments: Any = "{}"
+
+    @field_validator("arguments")
+    @classmethod
+    def _arguments(cls, v):
+        if not isinstance(v, str | dict):
+            raise refusal("must be a string of JSON (or an object)")
+        return v
+
+
+class ToolCall(Closed):
     """An assistant message's earlier tool call, as the client sends it back."""
 
-    model_config = ConfigDict(extra="allow")
-
-    id: str | None = None
+    id: StrictStr | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class Message(Closed):
+    """A chat message. `refusal`, `audio`, `function_call` and `annotations` are the fields of the
+    `openai` client's own message object that ask for nothing at null: a message the client read goes
+    back as it is."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
+    tool_call_id: StrictStr | None = None
+    name: StrictStr | None = None
+    refusal: Annotated[Any, refused("no refusal classifier: send the text as content")] = None
+    audio: Annotated[Any, refused("text only")] = None
+    function_call: Annotated[Any, refused("deprecated by OpenAI: send tool_calls")] = None
+    annotations: Annotated[Any, refused("no web search")] = None
 
     @field_validator("content", mode="before")
     @classmethod
     def _content_shape(cls, v):
-        # checked by hand so the error names `content`, not one member of the union
+        # checked by hand so the error names `content` (or the part), not one member of the union
         if v is None or isinstance(v, str):
             return v
         if isinstance(v, list) and all(isinstance(p, dict) for p in v):
-            return v
+            return _PARTS.validate_python(v)
         raise ValueError(
             "content must be a string, a list of content parts like {'type': 'text', 'text': '...'}, or null"
         )
+
+
+class FunctionDefinition(Closed):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: Any = None
+    """Checked as a JSON schema by the route (`serve.chat.validate_tools`)."""
+    strict: StrictBool | None = None
+
+
+class Tool(Closed):
+    """A function tool: its name, description and JSON-schema `parameters` are rendered into the
+    prompt, `strict` decides how a grammar holds its calls (`policy.constraints`)."""
+
+    type: str
+    function: FunctionDefinition
+
+    @field_validator("type")
+    @classmethod
+    def _function_only(cls, v: str) -> str:
+        if v != "function":
+            raise refusal(
+                f"is {v!r}: this server takes function tools, "
+                "{'type': 'function', 'function': {'name': ..., 'parameters': ...}}"
+            )
+        return v
+
+
+class ToolName(Closed):
+    name: StrictStr
+
+
+class NamedToolChoice(Closed):
+    type: Literal["function"]
+    function: ToolName
+
+
+class TextFormat(Closed):
+    type: Literal["text"] = "text"
+
+
+class JSONObjectFormat(Closed):
+    type: Literal["json_object"]
+
+
+class JSONSchemaSpec(Closed):
+    name: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: Annotated[
+        Any, refused("not shown to the model: the schema alone is enforced, by a grammar")
+    ] = None
+
+
+class JSONSchemaFormat(Closed):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+RESPONSE_FORMATS: dict[str, type[BaseModel]] = {
+    "text": TextFormat,
+    "json_object": JSONObjectFormat,
+    "json_schema": JSONSchemaFormat,
+}
 
 
 class ChatRequest(BaseModel):
@@ -75,7 +181,7 @@ class ChatRequest(BaseModel):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Annotated[dict[str, Any], shaped(Tool)]] | None = None
     tool_choice: Any = None
     n: StrictInt = Field(default=1, ge=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -88,7 +194,17 @@ class ChatRequest(BaseModel):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     stream: StrictBool | None = False
     stream_options: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: (
+        Annotated[
+            dict[str, Any],
+            one_of(
+                RESPONSE_FORMATS,
+                lambda kind: f"is {kind!r}: use 'text', 'json_object' or 'json_schema'",
+                lambda fmt: fmt.get("type", "text"),
+            ),
+        ]
+        | None
+    ) = None
     logit_bias: dict[str, StrictFloat] | None = None
     presence_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     frequency_penalty: StrictFloat | None = Field(default=None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
@@ -106,6 +222,15 @@ class ChatRequest(BaseModel):
     @classmethod
     def _stop_list(cls, v):  # OpenAI's stop is a string or a list of them
         return [v] if isinstance(v, str) else v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_choice(
+        cls, v
+    ):  # the strings and other shapes are checked with the tools (`policy.constraints`)
+        if isinstance(v, dict) and v.get("type") == "function":
+            NamedToolChoice.model_validate(v)
+        return v
 
 
 def logprobs_block(

@@ -6,7 +6,8 @@ needs no grooves. It checks the installed verifiers version, resolves the enviro
 (its taskset id names an installed package), writes the taskset's rows for each split grooves
 asks for to a JSON file (verifiers' client owns the rows and ships one with each rollout; the
 server never loads them), and serves the environment on a ZeroMQ address until it is stopped.
-Any failure before serving is one line on stderr and exit status 2.
+Any failure before serving is one line on stderr and exit status 2; an environment that is
+installed but cannot be imported names the import that failed, not "not installed".
 """
 
 from __future__ import annotations
@@ -41,6 +42,28 @@ def _check_version() -> str:
             f">= {'.'.join(map(str, low))}, < {'.'.join(map(str, high))} (constraints/verifiers.txt)"
         )
     return found
+
+
+def _not_found(env_id: str, exc: ModuleNotFoundError) -> str:
+    """The line for a module that could not be found while loading `env_id`: the environment's own
+    package not installed, or, where it is installed, the import that failed inside it (a package
+    it or verifiers needs), which verifiers' loader reports as the environment "not found"."""
+    import importlib.util
+
+    cause: BaseException = exc
+    while isinstance(inner := cause.__cause__ or cause.__context__, ModuleNotFoundError):
+        cause = inner  # the import that failed first, under verifiers' own "not found"
+    package = env_id.rsplit("/", 1)[-1].replace("-", "_")
+    try:
+        installed = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a name that is no module name
+        installed = False
+    if not installed:
+        return f"verifiers environment {env_id!r} is not installed in {sys.executable}: {exc}"
+    return (
+        f"verifiers environment {env_id!r} is installed in {sys.executable} but could not be imported: "
+        f"{type(cause).__name__}: {cause} (install what it needs there)"
+    )
 
 
 def _rows(config: dict, overrides: dict[str, dict]) -> dict[str, list[dict]]:
@@ -92,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = _rows(config, json.loads(args.splits))
     except ModuleNotFoundError as exc:
-        _fail(f"verifiers environment {env_id!r} is not installed in {sys.executable}: {exc}")
+        _fail(_not_found(env_id, exc))
     except Exception as exc:  # the environment's own code failed while loading
         _fail(f"verifiers environment {env_id!r} could not be loaded: {type(exc).__name__}: {exc}")
     with open(args.rows, "w") as out:

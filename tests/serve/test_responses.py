@@ -235,10 +235,6 @@ NESTED = {  # a field inside an object: refused naming its path, however deep
         {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather", "strict": True}},
         "tool_choice.strict",
     ),
-    "format description": (
-        {"text": {"format": {**YES_NO["format"], "description": "a verdict"}}},
-        "text.format.description",
-    ),
     "json_object with a schema": (
         {"text": {"format": {"type": "json_object", "schema": {"type": "object"}}}},
         "text.format.schema",

@@ -157,9 +157,9 @@ class JSONSchemaSpec(Closed):
     name: StrictStr | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
-    description: Annotated[
-        Any, refused("not shown to the model: the schema alone is enforced, by a grammar")
-    ] = None
+    description: StrictStr | None = None
+    """Accepted as the schema's documentation (LangChain's structured output sends a schema's
+    docstring here) and not shown to the model: the schema itself is enforced, by a grammar."""
 
 
 class JSONSchemaFormat(Closed):

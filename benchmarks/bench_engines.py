@@ -12,7 +12,8 @@ loaded, then sends the cases round by round, one engine at a time (the other wai
 order of the two engines swapped every round, so a change in the machine's load falls on both.
 The table gives each engine's median tokens/s over the rounds and vLLM's over grooves'.
 
-    python benchmarks/bench_engines.py [--rounds 3] [--n 1 8 64] [--json docs/results/bench_engines.json]
+    python benchmarks/bench_engines.py [--rounds 3] [--n 1 8 64] [--omp-wait-policy PASSIVE]
+        [--json docs/results/bench_engines.json]
 
 `--serving` then runs `bench_serving.py --backends transformers vllm` (`grooves serve` with each
 backend, concurrency `--concurrency`, default 1 4 8) with the same two Pythons, prints its table
@@ -23,6 +24,11 @@ grooves' worker runs with this Python (`--grooves-python` to choose another); vL
 `--vllm-python` (default .venv-vllm/bin/python, built by `make setup-vllm`), with
 VLLM_CPU_OMP_THREADS_BIND=0-(cores-1) and VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless they are set:
 vLLM-CPU's default binds OpenMP to fewer cores and reserves one (on 2 cores it computes on one).
+Both workers get the same OpenMP wait policy, `--omp-wait-policy` (PASSIVE unless given), in
+their environment in place of any exported OMP_WAIT_POLICY (each engine's OpenMP reads it when it
+loads, so it is set for the process, not inside it); `--serving` passes it on, and the JSON records
+it. With spinning OpenMP threads on a machine shared with other work, either engine can stall many
+times over at random, and that, not the engine, decides the comparison.
 The machine is shared: say the load average with any number you keep (it is in the JSON).
 """
 
@@ -39,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of Australia?"
+WAIT_POLICIES = ("PASSIVE", "ACTIVE")
+"""OpenMP's OMP_WAIT_POLICY values: idle threads sleep, or spin."""
 
 
 # ---- the workers: one engine each, commands on stdin, one JSON line per answer on stdout ----------
@@ -141,9 +149,18 @@ def vllm_cpu_env() -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in env.items()}
 
 
+def worker_env(kind: str, wait_policy: str) -> dict[str, str]:
+    """The environment of an engine's worker: this process's, with OMP_WAIT_POLICY = `wait_policy`
+    for both engines, and vLLM-CPU's thread settings for vLLM's."""
+    env = dict(os.environ, OMP_WAIT_POLICY=wait_policy)
+    if kind == "vllm":
+        env.update(vllm_cpu_env())
+    return env
+
+
 class Worker:
-    def __init__(self, kind: str, python: str, base: str, adapter: Path, threads: int):
-        env = dict(os.environ, **vllm_cpu_env()) if kind == "vllm" else dict(os.environ)
+    def __init__(self, kind: str, python: str, base: str, adapter: Path, threads: int, wait_policy: str):
+        env = worker_env(kind, wait_policy)
         self.kind = kind
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", kind, "--base", base, "--adapter", str(adapter)]
@@ -178,8 +195,8 @@ class Worker:
 
 def drive(args, base: str, adapter: Path) -> dict:
     workers = {
-        "grooves": Worker("grooves", args.grooves_python, base, adapter, args.threads),
-        "vllm": Worker("vllm", args.vllm_python, base, adapter, args.threads),
+        "grooves": Worker("grooves", args.grooves_python, base, adapter, args.threads, args.omp_wait_policy),
+        "vllm": Worker("vllm", args.vllm_python, base, adapter, args.threads, args.omp_wait_policy),
     }
     try:
         for w in workers.values():
@@ -229,6 +246,7 @@ def serving(args, out: Path) -> dict:
     command += ["vllm", "--concurrency", *map(str, args.concurrency), "--requests", str(args.requests)]
     command += ["--rounds", str(args.serving_rounds), "--threads", str(args.threads), "--json", str(out)]
     command += ["--grooves-python", args.grooves_python, "--vllm-python", args.vllm_python]
+    command += ["--omp-wait-policy", args.omp_wait_policy]
     subprocess.run(command, check=True)
     return json.loads(out.read_text())
 
@@ -236,7 +254,8 @@ def serving(args, out: Path) -> dict:
 def print_table(rows: list[dict], args, load: list[float]) -> None:
     print(
         f"\nSmolLM2-135M float32, one prompt, {args.max_tokens} tokens a row (end-of-turn ignored), "
-        f"median of {args.rounds} alternating rounds, load average {min(load):.1f}-{max(load):.1f}\n"
+        f"median of {args.rounds} alternating rounds, OMP_WAIT_POLICY={args.omp_wait_policy} for both, "
+        f"load average {min(load):.1f}-{max(load):.1f}\n"
     )
     print("| n | adapter | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves |")
     print("|---|---|---|---|---|")
@@ -247,7 +266,7 @@ def print_table(rows: list[dict], args, load: list[float]) -> None:
         )
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, nargs="+", default=[1, 8, 64])
@@ -256,6 +275,12 @@ def main() -> None:
     ap.add_argument("--grooves-python", default=sys.executable)
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--omp-wait-policy",
+        choices=WAIT_POLICIES,
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY for both engines' processes (replaces an exported one; default PASSIVE)",
+    )
     ap.add_argument("--serving", action="store_true", help="then bench_serving.py --backends, same Pythons")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8], help="with --serving")
     ap.add_argument("--requests", type=int, default=16, help="with --serving: requests per level")
@@ -263,7 +288,11 @@ def main() -> None:
     ap.add_argument("--worker", choices=["grooves", "vllm"], help=argparse.SUPPRESS)
     ap.add_argument("--base", help=argparse.SUPPRESS)
     ap.add_argument("--adapter", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.worker:
         worker(args.worker, args.base, args.adapter, args.threads)
         return
@@ -291,6 +320,8 @@ def main() -> None:
             "threads": args.threads,
             "cpus": os.cpu_count(),
             "command": sys.argv,
+            "omp_wait_policy": args.omp_wait_policy,
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "vllm_env": vllm_cpu_env(),
         }
         load = {"uptime_before": uptime_before, "uptime_after": list(os.getloadavg())}

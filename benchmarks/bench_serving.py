@@ -21,7 +21,10 @@ its own `grooves serve --backend ...` process (vLLM's in its own virtualenv, `--
 default .venv-vllm/bin/python: docs/vllm.md), serving the base model and the adapter beside it;
 the concurrency levels alternate between the two servers (only one works at a time), and the
 table adds vLLM's tokens/s over grooves'. `--rounds R` sweeps every level R times, the order of the
-two servers swapped each round, and reports medians. `--json` writes the rows and the load average.
+two servers swapped each round, and reports medians. Both servers get the same OpenMP wait policy,
+`--omp-wait-policy` (PASSIVE unless given), in their environment in place of any exported
+OMP_WAIT_POLICY. `--json` writes the rows, the settings (the wait policy with them) and the load
+average.
 
     python benchmarks/bench_serving.py --backends transformers vllm [--rounds 3] [--json docs/results/serving_backends.json]
 """
@@ -115,8 +118,19 @@ async def measure(
     }
 
 
+def serve_env(backend: str, threads: int, wait_policy: str) -> dict[str, str]:
+    """The environment of a `grooves serve --backend BACKEND` process: this process's, with its
+    OpenMP threads, OMP_WAIT_POLICY = `wait_policy` (the same for both backends) and, for vLLM,
+    vLLM-CPU's thread settings unless they are set."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY=wait_policy)
+    if backend == "vllm":
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return env
+
+
 @contextmanager
-def grooves_serve(python: str, backend: str, base: Path, adapter: Path, threads: int):
+def grooves_serve(python: str, backend: str, base: Path, adapter: Path, threads: int, wait_policy: str):
     """`grooves serve --backend BACKEND` in a process group of its own, serving `base` and `adapter`
     beside it; yields its /v1 URL once it answers."""
     import httpx
@@ -124,10 +138,7 @@ def grooves_serve(python: str, backend: str, base: Path, adapter: Path, threads:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if backend == "vllm":
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env = serve_env(backend, threads, wait_policy)
     proc = subprocess.Popen(
         [python, "-m", "grooves", "serve", "--backend", backend, "--model", str(base)]
         + ["--served-name", "base", "--adapter", f"adapter={adapter}", "--port", str(port)],
@@ -163,8 +174,11 @@ def compare_backends(args, base: Path, adapter: Path) -> None:
     pythons = {"transformers": args.grooves_python, "vllm": args.vllm_python}
     rows = []
     load = [os.getloadavg()[0]]
-    with grooves_serve(pythons["transformers"], "transformers", base, adapter, args.threads) as grooves_url:
-        with grooves_serve(pythons["vllm"], "vllm", base, adapter, args.threads) as vllm_url:
+    policy = args.omp_wait_policy
+    with grooves_serve(
+        pythons["transformers"], "transformers", base, adapter, args.threads, policy
+    ) as grooves_url:
+        with grooves_serve(pythons["vllm"], "vllm", base, adapter, args.threads, policy) as vllm_url:
             urls = {"transformers": grooves_url, "vllm": vllm_url}
             for url in urls.values():  # warm-up
                 for model in ("base", "adapter"):
@@ -185,7 +199,8 @@ def compare_backends(args, base: Path, adapter: Path) -> None:
     table = backend_table(rows, args.concurrency)
     print(
         f"\nSmolLM2-135M float32, greedy, max_tokens={args.max_tokens}, {args.requests} requests per row, "
-        f"median of {args.rounds} alternating rounds, load average {min(load):.1f}-{max(load):.1f}\n"
+        f"median of {args.rounds} alternating rounds, OMP_WAIT_POLICY={policy} for both, "
+        f"load average {min(load):.1f}-{max(load):.1f}\n"
     )
     print(
         "| served | concurrent | grooves tokens/s | vLLM-CPU tokens/s | vLLM / grooves | grooves p50 (s) | vLLM p50 (s) |"
@@ -203,6 +218,8 @@ def compare_backends(args, base: Path, adapter: Path) -> None:
             "requests": args.requests,
             "threads": args.threads,
             "rounds": args.rounds,
+            "omp_wait_policy": policy,
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         }
         args.json.write_text(
             json.dumps({"settings": settings, "table": table, "rows": rows, "load_1min": load}, indent=1)
@@ -228,37 +245,46 @@ def backend_table(rows: list[dict], concurrency: list[int]) -> list[dict]:
     return table
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
         "--adapter", default=None, help="adapter, checkpoint or run folder (default: a random rank-8 LoRA)"
     )
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument(
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument(
         "--backends",
         nargs=2,
         choices=["transformers", "vllm"],
         default=None,
         help="compare grooves serve's two backends (transformers vllm) instead of base/adapter/merged",
     )
-    parser.add_argument("--grooves-python", default=sys.executable, help="with --backends: grooves' Python")
-    parser.add_argument(
+    ap.add_argument("--grooves-python", default=sys.executable, help="with --backends: grooves' Python")
+    ap.add_argument(
         "--vllm-python",
         default=str(Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"),
         help="with --backends: the Python of the vLLM-CPU environment (make setup-vllm)",
     )
-    parser.add_argument("--json", type=Path, default=None, help="with --backends: write the rows here")
-    parser.add_argument(
+    ap.add_argument("--json", type=Path, default=None, help="with --backends: write the rows here")
+    ap.add_argument(
         "--rounds", type=int, default=1, help="with --backends: sweeps of every level (medians reported)"
     )
-    args = parser.parse_args()
+    ap.add_argument(
+        "--omp-wait-policy",
+        choices=["PASSIVE", "ACTIVE"],
+        default="PASSIVE",
+        help="with --backends: OMP_WAIT_POLICY for both servers (replaces an exported one; default PASSIVE)",
+    )
+    return ap
+
+
+def main() -> None:
+    ap = parser()
+    args = ap.parse_args()
     if args.backends is not None and sorted(args.backends) != ["transformers", "vllm"]:
-        parser.error("--backends: name both, transformers vllm")
+        ap.error("--backends: name both, transformers vllm")
 
     from grooves.adapters.export import export_adapter
     from grooves.adapters.registry import resolve_adapter

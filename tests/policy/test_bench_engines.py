@@ -92,3 +92,45 @@ def test_the_serving_table_is_the_median_of_the_rounds_and_their_ratio():
     assert table[0]["grooves_tok_per_s"] == 12.0 and table[0]["vllm_tok_per_s"] == 18.0
     assert table[0]["vllm_over_grooves"] == pytest.approx(1.5)
     assert (table[0]["grooves_p50_s"], table[0]["vllm_p50_s"]) == pytest.approx((1.2, 1.8))
+
+
+def test_both_engines_processes_get_the_same_openmp_wait_policy(monkeypatch, tmp_path):
+    started = {}
+
+    class FakePopen:
+        def __init__(self, command, **kwargs):
+            started[command[command.index("--worker") + 1]] = kwargs["env"]
+
+    monkeypatch.setattr(bench_engines.subprocess, "Popen", FakePopen)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")  # an exported policy is replaced, for both
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(bench_engines.os, "cpu_count", lambda: 2)
+    args = bench_engines.parser().parse_args([])
+    assert args.omp_wait_policy == "PASSIVE"
+    for kind in ("grooves", "vllm"):
+        bench_engines.Worker(kind, "py", "/m", tmp_path / "a", 2, args.omp_wait_policy)
+    assert started["grooves"]["OMP_WAIT_POLICY"] == started["vllm"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert started["vllm"]["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in started["grooves"]
+    args = bench_engines.parser().parse_args(["--omp-wait-policy", "ACTIVE"])
+    for kind in ("grooves", "vllm"):
+        bench_engines.Worker(kind, "py", "/m", tmp_path / "a", 2, args.omp_wait_policy)
+    assert started["grooves"]["OMP_WAIT_POLICY"] == started["vllm"]["OMP_WAIT_POLICY"] == "ACTIVE"
+    with pytest.raises(SystemExit):
+        bench_engines.parser().parse_args(["--omp-wait-policy", "spin"])
+
+    # --serving passes the policy to bench_serving.py, which puts it in both servers' environments
+    ran = []
+
+    def fake_run(command, check):
+        ran.append(command)
+        (tmp_path / "serving.json").write_text("{}")
+
+    monkeypatch.setattr(bench_engines.subprocess, "run", fake_run)
+    args = bench_engines.parser().parse_args(["--serving", "--omp-wait-policy", "ACTIVE"])
+    bench_engines.serving(args, tmp_path / "serving.json")
+    assert bench_serving.parser().parse_args(ran[0][2:]).omp_wait_policy == "ACTIVE"
+    assert bench_serving.parser().parse_args([]).omp_wait_policy == "PASSIVE"
+    for backend in ("transformers", "vllm"):
+        env = bench_serving.serve_env(backend, 2, "PASSIVE")
+        assert (env["OMP_WAIT_POLICY"], env["OMP_NUM_THREADS"]) == ("PASSIVE", "2")

@@ -259,6 +259,39 @@ def test_two_api_keys_cannot_see_each_others_models(server, tiny_model_dir):
         )
 
 
+def test_another_keys_request_ids_and_samplers_are_unknown_ids(server, tiny_model_dir):
+    """alice's request id and sampling session answer bob as ids never given out do (404), and alice
+    reads them."""
+    url, _ = server
+    alice, bob = {"X-API-Key": ALICE}, {"X-API-Key": BOB}
+    api = f"{url}/api/v1"
+    session = httpx.post(f"{api}/create_session", json={}, headers=alice).json()["session_id"]
+    body = {"session_id": session, "base_model": str(tiny_model_dir)}
+    sampler = httpx.post(f"{api}/create_sampling_session", json=body, headers=alice).json()[
+        "sampling_session_id"
+    ]
+    asked = {"sampling_session_id": sampler, "prompt": types.ModelInput.from_ints(PROMPT).model_dump()}
+    asked["sampling_params"] = {"max_tokens": 2}
+    request_id = httpx.post(f"{api}/asample", json=asked, headers=alice).json()["request_id"]
+
+    def retrieve(request_id: str, key: dict) -> httpx.Response:
+        return httpx.post(f"{api}/retrieve_future", json={"request_id": request_id}, headers=key, timeout=60)
+
+    def describe(sampler: str, key: dict) -> httpx.Response:
+        return httpx.get(f"{api}/samplers/{sampler}", headers=key)
+
+    def sample(sampler: str, key: dict) -> httpx.Response:
+        return httpx.post(f"{api}/asample", json={**asked, "sampling_session_id": sampler}, headers=key)
+
+    for ask, real in ((retrieve, request_id), (describe, sampler), (sample, sampler)):
+        unknown = "0" * len(real)
+        theirs, nobodys = ask(real, bob), ask(unknown, bob)
+        assert theirs.status_code == nobodys.status_code == 404, ask.__name__
+        assert theirs.text.replace(real, "<id>") == nobodys.text.replace(unknown, "<id>"), ask.__name__
+        assert ask(real, alice).status_code == 200, ask.__name__
+    httpx.post(f"{api}/sessions/{session}/finish", headers=alice)
+
+
 def _proto(model_id: str, seq_id: int, data, loss_fn="cross_entropy", config=None) -> bytes:
     req = types.ForwardBackwardRequest(
         forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),

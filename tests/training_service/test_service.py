@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 import torch
+from openai import AsyncOpenAI, BadRequestError
 from service_support import TOY, adapter, create, hosted, http, rows, service, toy_config
 
 from grooves.config import parse_config
@@ -440,6 +441,48 @@ def test_each_key_sees_and_trains_only_its_own_models(tiny_model_dir, tmp_path):
             ).is_dir()
             for m in (alice, bobs):
                 await m.close()
+
+    asyncio.run(run())
+
+
+def test_a_stored_response_belongs_to_the_key_that_made_it(tiny_model_dir, tmp_path):
+    """bob sending alice's response id as previous_response_id gets the 400 an unknown id gets (none of
+    her conversation in his prompt); alice continues it. Streamed or not."""
+    unknown = "resp_" + "0" * 32
+
+    async def run():
+        async with service(tmp_path / "svc", tiny_model_dir, keys=ApiKeys(KEYS)) as (app, transport):
+
+            def openai(tenant: str) -> AsyncOpenAI:
+                http_client = httpx.AsyncClient(transport=transport, base_url="http://svc")
+                return AsyncOpenAI(
+                    base_url="http://svc/v1", api_key=KEYS[tenant], http_client=http_client, max_retries=0
+                )
+
+            alice, bob = openai("alice"), openai("bob")
+            model = str(tiny_model_dir)
+            said = await alice.responses.create(model=model, input="my secret", max_output_tokens=3)
+            async with await alice.responses.create(
+                model=model, input="my other secret", max_output_tokens=3, stream=True
+            ) as events:
+                streamed = [e async for e in events][-1].response
+            for kept in (said, streamed):
+                refusals = []
+                for response_id in (kept.id, unknown):
+                    with pytest.raises(BadRequestError) as refused:
+                        await bob.responses.create(
+                            model=model, input="hi", previous_response_id=response_id, max_output_tokens=3
+                        )
+                    refusals.append(json.dumps(refused.value.body).replace(response_id, "<id>"))
+                assert refusals[0] == refusals[1] and "previous_response_id" in refusals[0]
+                go_on = await alice.responses.create(
+                    model=model, input="and then", previous_response_id=kept.id, max_output_tokens=3
+                )
+                theirs = kept.model_extra
+                mine = go_on.model_extra["prompt_token_ids"]
+                assert mine[: len(theirs["prompt_token_ids"])] == theirs["prompt_token_ids"]
+            await bob.close()
+            await alice.close()
 
     asyncio.run(run())
 

@@ -4,6 +4,7 @@ the dev extra) over HTTP, on a tiny model."""
 from __future__ import annotations
 
 import math
+import re
 
 import httpx
 import numpy as np
@@ -258,6 +259,39 @@ def test_two_api_keys_cannot_see_each_others_models(server, tiny_model_dir):
         )
 
 
+def test_another_keys_request_ids_and_samplers_are_unknown_ids(server, tiny_model_dir):
+    """alice's request id and sampling session answer bob as ids never given out do (404), and alice
+    reads them."""
+    url, _ = server
+    alice, bob = {"X-API-Key": ALICE}, {"X-API-Key": BOB}
+    api = f"{url}/api/v1"
+    session = httpx.post(f"{api}/create_session", json={}, headers=alice).json()["session_id"]
+    body = {"session_id": session, "base_model": str(tiny_model_dir)}
+    sampler = httpx.post(f"{api}/create_sampling_session", json=body, headers=alice).json()[
+        "sampling_session_id"
+    ]
+    asked = {"sampling_session_id": sampler, "prompt": types.ModelInput.from_ints(PROMPT).model_dump()}
+    asked["sampling_params"] = {"max_tokens": 2}
+    request_id = httpx.post(f"{api}/asample", json=asked, headers=alice).json()["request_id"]
+
+    def retrieve(request_id: str, key: dict) -> httpx.Response:
+        return httpx.post(f"{api}/retrieve_future", json={"request_id": request_id}, headers=key, timeout=60)
+
+    def describe(sampler: str, key: dict) -> httpx.Response:
+        return httpx.get(f"{api}/samplers/{sampler}", headers=key)
+
+    def sample(sampler: str, key: dict) -> httpx.Response:
+        return httpx.post(f"{api}/asample", json={**asked, "sampling_session_id": sampler}, headers=key)
+
+    for ask, real in ((retrieve, request_id), (describe, sampler), (sample, sampler)):
+        unknown = "0" * len(real)
+        theirs, nobodys = ask(real, bob), ask(unknown, bob)
+        assert theirs.status_code == nobodys.status_code == 404, ask.__name__
+        assert theirs.text.replace(real, "<id>") == nobodys.text.replace(unknown, "<id>"), ask.__name__
+        assert ask(real, alice).status_code == 200, ask.__name__
+    httpx.post(f"{api}/sessions/{session}/finish", headers=alice)
+
+
 def _proto(model_id: str, seq_id: int, data, loss_fn="cross_entropy", config=None) -> bytes:
     req = types.ForwardBackwardRequest(
         forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),
@@ -277,58 +311,123 @@ def _ce(tokens, weights=None, targets=None):
     )
 
 
-BAD = [
+REFUSED = [
     (
         "shapes",
-        lambda: ("cross_entropy", [_ce([5, 6, 7], weights=[1.0, 1.0])], None),
-        "weights: shape [2], but model_input has 3 tokens",
+        lambda tc: tc.forward_backward([_ce([5, 6, 7], weights=[1.0, 1.0])], "cross_entropy"),
+        "data[0].loss_fn_inputs.weights: shape [2], but model_input has 3 tokens",
+    ),
+    (
+        "target length",
+        lambda tc: tc.forward_backward([_ce([5, 6, 7], targets=[6, 7])], "cross_entropy"),
+        "data[0].loss_fn_inputs.target_tokens: shape [2], but model_input has 3 tokens",
+    ),
+    (
+        "missing input",
+        lambda tc: tc.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([5, 6]), loss_fn_inputs={"target_tokens": [6, 7]}
+                )
+            ],
+            "cross_entropy",
+        ),
+        "data[0].loss_fn_inputs: 'cross_entropy' needs weights",
+    ),
+    (
+        "extra input",
+        lambda tc: tc.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([5, 6]),
+                    loss_fn_inputs={"target_tokens": [6, 7], "weights": [1.0, 1.0], "advantages": [0.0, 1.0]},
+                )
+            ],
+            "cross_entropy",
+        ),
+        "data[0].loss_fn_inputs: advantages not read by 'cross_entropy'",
     ),
     (
         "nan",
-        lambda: ("importance_sampling", [rl_datum(PROMPT, [61], [-1.0], float("nan"))], None),
-        "advantages[4]: nan is not a finite number",
+        lambda tc: tc.forward_backward([rl_datum(PROMPT, [61], [-1.0], float("nan"))], "importance_sampling"),
+        "data[0].loss_fn_inputs.advantages[4]: nan is not a finite number",
+    ),
+    (
+        "logprob",
+        lambda tc: tc.forward_backward([rl_datum(PROMPT, [61], [0.5], 1.0)], "importance_sampling"),
+        "data[0].loss_fn_inputs.logprobs[4]: 0.5 is not a log-probability",
     ),
     (
         "vocab",
-        lambda: ("cross_entropy", [_ce([5, 6, 99999])], None),
-        "model_input[2]: 99999 is not a token id of this model",
+        lambda tc: tc.forward_backward([_ce([5, 6, 99999])], "cross_entropy"),
+        "data[0].model_input[2]: 99999 is not a token id of this model",
     ),
     (
         "target",
-        lambda: ("cross_entropy", [_ce([5, 6], targets=[6, -1])], None),
-        "target_tokens[1]: -1 is not a token id",
+        lambda tc: tc.forward_backward([_ce([5, 6], targets=[6, -1])], "cross_entropy"),
+        "data[0].loss_fn_inputs.target_tokens[1]: -1 is not a token id",
     ),
     (
         "config",
-        lambda: ("ppo", [rl_datum(PROMPT, [61], [-1.0], 1.0)], {"beta": 0.1}),
+        lambda tc: tc.forward_backward([rl_datum(PROMPT, [61], [-1.0], 1.0)], "ppo", {"beta": 0.1}),
         "loss_fn_config.beta: not an option of 'ppo'",
     ),
     (
         "loss",
-        lambda: ("gspo", [rl_datum(PROMPT, [61], [-1.0], 1.0)], None),
+        lambda tc: tc.forward_backward([rl_datum(PROMPT, [61], [-1.0], 1.0)], "gspo"),
         "loss_fn 'gspo' is not supported here",
     ),
+    (
+        "too long",
+        lambda tc: tc.forward_backward([_ce([5] * 9000)], "cross_entropy"),
+        "data[0].model_input: 9000 tokens, more than",
+    ),
+    (
+        "learning rate",
+        lambda tc: tc.optim_step(types.AdamParams(learning_rate=-1.0)),
+        "adam_params.learning_rate: Input should be greater than or equal to 0",
+    ),
+    (
+        "beta1",
+        lambda tc: tc.optim_step(types.AdamParams(beta1=1.0)),
+        "adam_params.beta1: Input should be less than 1",
+    ),
+    (
+        "eps",
+        lambda tc: tc.optim_step(types.AdamParams(eps=0.0)),
+        "adam_params.eps: Input should be greater than 0",
+    ),
+    (
+        "optimizer",
+        lambda tc: tc.optim_step(types.DimuonParams(learning_rate=0.01)),
+        "optimizer_params: only Adam (adam_params) is supported here",
+    ),
 ]
+"""Each kind of training request the service refuses, sent with the SDK, and the message it is refused with."""
 
 
-@pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_is_a_typed_error_the_sdk_shows_and_nothing_is_applied(server, tiny_model_dir, case):
+def test_a_refused_training_request_takes_its_turn_and_the_client_trains_on(server, tiny_model_dir):
+    """A bad forward_backward or optim_step fails with a message naming the field and changes nothing,
+    but it takes its seq_id: the same client's next requests (one already sent behind it) run, and the
+    training is saved. A refusal that left its seq_id unused would hold every later request for ever."""
     url, app = server
-    _, make, message = case
-    loss_fn, data, config = make()
+    adam = types.AdamParams(learning_rate=0.01)
     with client(url) as sc:
-        tc = sc.create_lora_training_client(base_model=str(tiny_model_dir), rank=4).result()
-        other = sc.create_lora_training_client(base_model=str(tiny_model_dir), rank=4).result()
-        before = trained(app, tc.model_id)
-        with pytest.raises(tinker.BadRequestError, match=message.replace("[", r"\[").replace("]", r"\]")):
-            tc.forward_backward(data, loss_fn, config).result()
-        assert _same(trained(app, tc.model_id), before, 0.0)
-        assert tc.model_id not in [
-            m for m, o in app.state.tinker.orders.items() if o.next != 1
-        ]  # nothing ran
-        good = [_ce([5, 6, 7])]  # the service keeps serving: another model trains
-        assert other.forward_backward(good, "cross_entropy").result().metrics["loss:sum"] > 0
-        other.optim_step(types.AdamParams(learning_rate=0.01)).result()
+        tc = sc.create_lora_training_client(base_model=str(tiny_model_dir), rank=4).result(timeout=60)
+        for name, send, message in REFUSED:
+            before = trained(app, tc.model_id)
+            refused = send(tc)
+            queued = tc.forward_backward(
+                [_ce([5, 6, 7])], "cross_entropy"
+            )  # sent before the refusal is known
+            with pytest.raises(tinker.RequestFailedError, match=re.escape(message)):
+                refused.result(timeout=60)
+            assert _same(trained(app, tc.model_id), before, 0.0), name  # nothing applied
+            assert queued.result(timeout=60).metrics["loss:sum"] > 0, name
+            tc.optim_step(adam).result(timeout=60)
+            assert not _same(trained(app, tc.model_id), before, 0.0), name  # the client trains on
+        saved = tc.save_state("after-refusals").result(timeout=60)
+        assert saved.path == f"tinker://{tc.model_id}/weights/after-refusals"
 
 
 def test_malformed_protobuf_unknown_models_and_reused_seq_ids_are_refused(server, tiny_model_dir):

@@ -15,7 +15,8 @@ it back (as items, or by `previous_response_id`) continues those exact ids.
 
 `previous_response_id` names a response this server answered with `store` true: its messages
 (input and output, without its instructions) come before the new input. They are kept in memory,
-the last `MAX_STORED_RESPONSES`; an id not among them is a 400 naming the field.
+the last `MAX_STORED_RESPONSES`, each under the API key (tenant) that made it; an id not among
+them, or kept for another key, is the same 400 naming the field.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from grooves.serve import compat
 from grooves.serve.chat import _sample_unless_gone, prepare, require_served
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
+from grooves.serve.keys import caller
 from grooves.serve.responses_fields import INCLUDABLE, RESPONSES_FIELDS
 from grooves.serve.responses_input import as_chat_request, renamed
 from grooves.serve.responses_request import ResponsesRequest
@@ -72,13 +74,14 @@ def responses_router(
                 "request; lower it",
                 "max_output_tokens",
             )
-        history = store.get(req.previous_response_id) if req.previous_response_id else []
+        tenant = caller()
+        history = store.get(tenant, req.previous_response_id) if req.previous_response_id else []
         try:
             chat = as_chat_request(req, history)
             messages, tools, prompt_ids, params = await asyncio.to_thread(prepare, policy, chat, max_tokens)
         except APIError as exc:
             raise renamed(exc) from exc
-        turn = Turn(req, chat, messages, tools, prompt_ids, store if req.store is not False else None)
+        turn = Turn(req, chat, messages, tools, prompt_ids, store if req.store is not False else None, tenant)
         if req.stream:
             return stream_response(policy, scheduler, adapters, turn, params)
         try:

@@ -62,8 +62,9 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
     ),
     "previous_response_id": FieldSupport(
         "limited",
-        f"continues a response this server answered and kept (the last {MAX_STORED_RESPONSES} with `store`"
-        " true, in memory: not across restarts); another id is a 400 naming it",
+        f"continues a response this server answered and kept for the same API key (the last"
+        f" {MAX_STORED_RESPONSES} with `store` true, in memory: not across restarts); another id, another"
+        " key's included, is a 400 naming it",
     ),
     "store": FieldSupport(
         "limited",

@@ -23,24 +23,29 @@ from grooves.serve.schemas import logprobs_block, token_record
 
 
 class ResponseStore:
-    """The chat messages of answered responses by id, for `previous_response_id` (bounded, in memory)."""
+    """The chat messages of answered responses, for `previous_response_id` (bounded, in memory).
+
+    A response is kept under the tenant (API key) that made it, and only that tenant reads it: to
+    any other, its id is as unknown as an id never given out."""
 
     def __init__(self, limit: int = MAX_STORED_RESPONSES):
         self.limit = limit
-        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
 
-    def get(self, response_id: str) -> list[dict[str, Any]]:
-        if response_id not in self._items:
+    def get(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
+        kept = self._items.get((tenant, response_id))
+        if kept is None:
             raise APIError(
                 400,
-                f"previous_response_id {response_id!r} is not a response this server keeps (it keeps the last "
-                f"{self.limit} answered with store true, in memory); send the earlier items in input instead",
+                f"previous_response_id {response_id!r} is not a response this server keeps for this API key (it "
+                f"keeps the last {self.limit} answered with store true, in memory); send the earlier items in "
+                "input instead",
                 "previous_response_id",
             )
-        return [dict(m) for m in self._items[response_id]]
+        return [dict(m) for m in kept]
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        self._items[response_id] = messages
+    def put(self, tenant: str, response_id: str, messages: list[dict[str, Any]]) -> None:
+        self._items[(tenant, response_id)] = messages
         while len(self._items) > self.limit:
             self._items.popitem(last=False)
 
@@ -48,9 +53,9 @@ class ResponseStore:
 class Turn:
     """One answered request: what it was read as, and how its output becomes Responses items."""
 
-    def __init__(self, req, chat, messages, tools, prompt_ids, store: ResponseStore | None):
+    def __init__(self, req, chat, messages, tools, prompt_ids, store: ResponseStore | None, tenant: str):
         self.req, self.chat, self.messages, self.tools = req, chat, messages, tools
-        self.prompt_ids, self.store = prompt_ids, store
+        self.prompt_ids, self.store, self.tenant = prompt_ids, store, tenant
         self.kept = messages[1:] if req.instructions else list(messages)
         """The conversation without the instructions: what `previous_response_id` carries over."""
         self.response_id = f"resp_{uuid.uuid4().hex}"
@@ -89,7 +94,7 @@ class Turn:
             message = {k: v for k, v in message.items() if k != "tool_calls"}
         policy.prompts.remember(self.messages, self.tools, message, self.prompt_ids, completion)
         if self.store is not None:
-            self.store.put(self.response_id, [*self.kept, message])
+            self.store.put(self.tenant, self.response_id, [*self.kept, message])
 
     def body(
         self, items: list[dict[str, Any]], completion: Completion, version: int | None, adapter_id: str | None

@@ -1,6 +1,7 @@
 """Tinker's protobuf messages to checked Python values and back (`proto` holds the schema).
 
-`read_forward_backward` turns the bytes of a `forward_backward` request into a `FwdBwd`: every
+`read_turn` reads which model and `seq_id` a request is for (its place in the model's order),
+and `read_forward_backward` turns the bytes of a `forward_backward` request into a `FwdBwd`: every
 datum's input token ids and its loss inputs as numpy arrays, each checked against the loss it is
 for (`core.datum_loss`) and the model's vocabulary before anything runs, so a bad request is one
 `BadInput` naming the field (`data[2].loss_fn_inputs.advantages: 3 values, but model_input has 4
@@ -47,15 +48,16 @@ class FwdBwd:
         return sum(len(d.tokens) for d in self.data)
 
 
+def read_turn(body: bytes) -> tuple[str, int]:
+    """The model id and seq_id of the request in `body`: where it goes in its model's order, read
+    before the rest of it is checked."""
+    msg = _parse(body)
+    return msg.model_id, msg.seq_id
+
+
 def read_forward_backward(body: bytes, *, vocab_size: int | None = None) -> FwdBwd:
     """The request in `body`, checked; `vocab_size` bounds every token id when given."""
-    msg = proto.ForwardBackwardRequest()
-    try:
-        msg.ParseFromString(body)
-    except DecodeError as exc:
-        raise BadInput(f"the body is not a ForwardBackwardRequest protobuf message ({exc})") from None
-    if not msg.model_id:
-        raise BadInput("model_id: missing; send the model_id that create_model returned")
+    msg = _parse(body)
     if not msg.data:
         raise BadInput("data: empty; send at least one datum")
     config: dict[str, object] = {e.key: e.value for e in msg.loss_fn_config}
@@ -68,6 +70,17 @@ def read_forward_backward(body: bytes, *, vocab_size: int | None = None) -> FwdB
         raise BadInput(str(exc)) from None
     data = [_datum(d, i, msg.loss_fn, vocab_size) for i, d in enumerate(msg.data)]
     return FwdBwd(msg.model_id, msg.seq_id, msg.loss_fn, settings, msg.forward_only, data)
+
+
+def _parse(body: bytes):
+    msg = proto.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as exc:
+        raise BadInput(f"the body is not a ForwardBackwardRequest protobuf message ({exc})") from None
+    if not msg.model_id:
+        raise BadInput("model_id: missing; send the model_id that create_model returned")
+    return msg
 
 
 def _datum(msg, index: int, loss_fn: str, vocab_size: int | None) -> Datum:

@@ -11,9 +11,13 @@ for a while after it is first read, so a poll whose answer was lost gets it agai
 
 A training model's requests run in the order of their `seq_id` (`SeqOrder`): the SDK numbers each
 training client's requests 1, 2, 3, ... and may send the chunks of one `forward_backward` at once,
-later ones first, so a request waits until every lower id has run. An id already used is refused
-when it arrives, before anything runs, unless it is the same request sent again (the SDK resends a
-request whose answer it did not get): that one gets the first one's request id back.
+later ones first, so a request waits until every lower id has run. A request takes its id as soon
+as its model and id are read, before the rest of it is checked: the SDK counts a refused request's
+id as used and numbers the next one after it, so a refusal fails its future at its turn, and the
+turn passes (an id left unused would hold every later request of the client for ever). An id
+already used is refused when it arrives, before anything runs, unless it is the same request sent
+again (the SDK resends a request whose answer it did not get): that one gets the first one's
+request id back.
 """
 
 from __future__ import annotations

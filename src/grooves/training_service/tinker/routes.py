@@ -15,8 +15,12 @@
 Work runs behind a future (`futures.Futures`): the POST answers `{"request_id"}` at once. Input
 that cannot run is refused before anything runs: a 400 naming the field, which the SDK raises
 (a 404 for a model, session or path the caller does not have). A request that fails while it
-runs fails its future with the reason. The SDK sends the key as `X-API-Key`; keys that start
-with `tml-` (which the SDK requires) work as any other key of `--api-key` / `--api-keys`.
+runs fails its future with the reason. A training model's requests (`forward_backward`,
+`optim_step`, saving and loading its weights) are the exception: once its model and `seq_id` are
+read, the request holds that `seq_id`, and input refused after that fails its future (which the
+SDK raises) and passes its turn, so the client's later requests, numbered after it, still run.
+The SDK sends the key as `X-API-Key`; keys that start with `tml-` (which the SDK requires) work
+as any other key of `--api-key` / `--api-keys`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import asyncio
 import hashlib
 import json
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -33,12 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from grooves.serve.errors import APIError
 from grooves.serve.keys import caller
-from grooves.training_service.tinker.codec import BadInput, read_forward_backward
-from grooves.training_service.tinker.futures import RequestFailed
+from grooves.training_service.tinker.codec import BadInput, read_forward_backward, read_turn
+from grooves.training_service.tinker.futures import RequestFailed, Result
 from grooves.training_service.tinker.server import EPHEMERAL, TinkerService
 from grooves.training_service.tinker.training import AdamStep, LoraSettings
 
 PROTOBUF = "application/x-protobuf"
+B = TypeVar("B", bound=BaseModel)
 
 
 class _Loose(BaseModel):
@@ -70,16 +76,19 @@ class AdamBody(_Loose):
     grad_clip_norm: float = Field(0.0, allow_inf_nan=False)
 
 
-class OptimBody(_Loose):
+class TurnBody(_Loose):
+    """Where a training request goes in its model's order: read before the rest of the body."""
+
     model_id: str
     seq_id: StrictInt
+
+
+class OptimBody(TurnBody):
     adam_params: AdamBody | None = None
     optimizer_params: dict[str, Any] | None = None
 
 
-class SaveBody(_Loose):
-    model_id: str
-    seq_id: StrictInt
+class SaveBody(TurnBody):
     path: str | None = None
     overwrite: StrictBool = False
     sampling_session_seq_id: StrictInt | None = None
@@ -142,9 +151,15 @@ class _Futures:
         """`work` submitted as the caller's future: the SDK retrieves its result by request id."""
         return {"request_id": self.tinker.futures.submit(caller(), work), "model_id": model_id, **extra}
 
-    def ordered(self, model, seq_id: int, body: bytes, work) -> dict[str, Any]:
-        """`work` as a future that runs in the model's seq_id order on the model workers; a used
-        seq_id is a 400 now, unless `body` is that request's own, sent again (its future again)."""
+    def ordered(
+        self, model, seq_id: int, body: bytes, check: Callable[[], Callable[[], Result]]
+    ) -> dict[str, Any]:
+        """A future that runs in the model's seq_id order on the model workers. `seq_id` is taken
+        first: a used one is a 400 now, unless `body` is that request's own, sent again (its future
+        again). Then `check()` reads the rest of the request on a thread, while earlier requests
+        run, and returns the work; a request it refuses (`BadInput`, `APIError`) fails its future
+        with the reason when its turn comes, as does a `BadInput` the work raises before it changes
+        anything, and the turn passes, so the later ids run."""
         tinker = self.tinker
         order = tinker.orders[model.model_id]
         digest = hashlib.sha256(body).hexdigest()
@@ -157,11 +172,34 @@ class _Futures:
             raise APIError(400, str(exc), "seq_id", "bad_seq_id") from None
 
         async def run():
-            return await order.run(seq_id, lambda: tinker.run(work))
+            checking = asyncio.ensure_future(asyncio.to_thread(check))
+
+            async def turn():
+                try:
+                    return await tinker.run(await checking)
+                except (BadInput, APIError) as exc:
+                    raise RequestFailed(str(exc)) from None
+
+            return await order.run(seq_id, turn)
 
         answer = self.future(model.model_id, run)
         order.remember(seq_id, digest, answer["request_id"])
         return answer
+
+    def ordered_json(
+        self, raw: bytes, body_type: type[B], work: Callable[[Any, B], Result]
+    ) -> dict[str, Any]:
+        """A JSON training request in its model's order (`ordered`): its model and seq_id read first,
+        the rest of it (`body_type`) checked in its future, then `work(model, body)` on the workers."""
+        data = _parse(raw)
+        at = _body(TurnBody, data)
+        model = self.tinker.model(caller(), at.model_id)
+
+        def check():
+            body = _body(body_type, data)
+            return lambda: work(model, body)
+
+        return self.ordered(model, at.seq_id, raw, check)
 
 
 def _client_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
@@ -277,101 +315,96 @@ def _training_routes(router: APIRouter, tinker: TinkerService, futures: _Futures
             raise APIError(415, "a compressed body is not supported here; send it uncompressed", "body")
         body = await request.body()
         try:
-            req = await asyncio.to_thread(read_forward_backward, body)
-            model = tinker.model(caller(), req.model_id)
-            req = await asyncio.to_thread(read_forward_backward, body, vocab_size=model.vocab_size)
-            _check_lengths(tinker, model, req)
+            model_id, seq_id = await asyncio.to_thread(read_turn, body)
         except BadInput as exc:
             raise APIError(400, str(exc), "data", "bad_input") from None
-        return ordered(model, req.seq_id, body, lambda: model.forward_backward(req))
+        model = tinker.model(caller(), model_id)
+
+        def check():
+            req = read_forward_backward(body, vocab_size=model.vocab_size)
+            _check_lengths(tinker, model, req)
+            return lambda: model.forward_backward(req)
+
+        return ordered(model, seq_id, body, check)
 
     @router.post("/optim_step")
     async def optim_step(request: Request):
-        raw = await request.body()
-        body = _body(OptimBody, _parse(raw))
-        if body.optimizer_params is not None:
-            raise APIError(
-                400, "optimizer_params: only Adam (adam_params) is supported here", "optimizer_params"
-            )
-        model = tinker.model(caller(), body.model_id)
-        adam = AdamStep(**(body.adam_params or AdamBody()).model_dump())
-        return ordered(model, body.seq_id, raw, lambda: model.optim_step(adam))
+        def step(model, body: OptimBody) -> Result:
+            if body.optimizer_params is not None:
+                raise BadInput("optimizer_params: only Adam (adam_params) is supported here")
+            return model.optim_step(AdamStep(**(body.adam_params or AdamBody()).model_dump()))
+
+        return futures.ordered_json(await request.body(), OptimBody, step)
 
 
 def _weights_routes(router: APIRouter, tinker: TinkerService, futures: _Futures) -> None:
     """Saved states and sampler weights: save, load, list, delete."""
     future = futures.future
-    ordered = futures.ordered
+    ordered_json = futures.ordered_json
 
     @router.post("/save_weights")
     async def save_weights(request: Request):
-        raw = await request.body()
-        body = _body(SaveBody, _parse(raw))
-        model = tinker.model(caller(), body.model_id)
-        name = body.path or f"{body.seq_id:06d}"
-
-        def work():
+        def save(model, body: SaveBody) -> Result:
+            name = body.path or f"{body.seq_id:06d}"
             folder = tinker.new_weights_folder(model, "weights", name, overwrite=body.overwrite)
             model.save_state(folder)
             return {"type": "save_weights", "path": tinker.path_of(model.model_id, "weights", name)}
 
-        return ordered(model, body.seq_id, raw, work)
+        return ordered_json(await request.body(), SaveBody, save)
 
     @router.post("/save_weights_for_sampler")
     async def save_for_sampler(request: Request):
-        raw = await request.body()
-        body = _body(SaveBody, _parse(raw))
-        model = tinker.model(caller(), body.model_id)
-        named = body.path is not None
-        name = body.path if named else f"{EPHEMERAL}{body.seq_id}"
         tenant = caller()
 
-        def work():
+        def save(model, body: SaveBody) -> Result:
+            name = body.path if body.path is not None else f"{EPHEMERAL}{body.seq_id}"
             folder = tinker.new_weights_folder(model, "sampler_weights", name)
             version = model.save_sampler(folder)
             path = tinker.path_of(model.model_id, "sampler_weights", name)
             tinker.samplers.saved(tenant, path, model, version)
             out = {"type": "save_weights_for_sampler", "path": path}
-            if not named:
+            if body.path is None:  # unnamed: a sampling session comes with it
                 tinker.prune_ephemeral(model)
                 session = tinker.samplers.open(tenant, model.settings.base_model, path, folder)
                 out["sampling_session_id"] = session.session_id
             return out
 
-        return ordered(model, body.seq_id, raw, work)
+        return ordered_json(await request.body(), SaveBody, save)
 
     @router.post("/load_weights")
     async def load_weights(request: Request):
         raw = await request.body()
-        body = _body(LoadBody, _parse(raw))
+        data = _parse(raw)
         tenant = caller()
-        if body.session_id is not None:  # create-via-load: a new model, its settings from the state
-            if body.model_seq_id is None:
-                raise APIError(400, "model_seq_id: needed with session_id", "model_seq_id")
-            tinker.session(tenant, body.session_id)
+        if not isinstance(data, dict) or data.get("session_id") is None:  # into a live model
+            if not isinstance(data, dict) or data.get("model_id") is None or data.get("seq_id") is None:
+                raise APIError(
+                    400, "load_weights needs model_id and seq_id, or session_id and model_seq_id", "model_id"
+                )
 
-            async def create_from_state():
+            def load(model, body: LoadBody) -> Result:
                 _, _, _, folder = tinker.resolve(tenant, body.path, "weights")
-                settings = tinker.settings_of(folder)
-                if body.base_model is not None:
-                    tinker.check_base(body.base_model)
-                model = await tinker.create_model(tenant, body.session_id, body.model_seq_id, settings)
-                await tinker.run(lambda: model.load_state(folder, optimizer=body.optimizer))
+                model.load_state(folder, optimizer=body.optimizer)
                 return {"type": "load_weights", "path": body.path, "model_id": model.model_id}
 
-            return future(None, create_from_state)
-        if body.model_id is None or body.seq_id is None:
-            raise APIError(
-                400, "load_weights needs model_id and seq_id, or session_id and model_seq_id", "model_id"
-            )
-        model = tinker.model(tenant, body.model_id)
+            return ordered_json(raw, LoadBody, load)
+        # create-via-load: a new model, its settings from the state
+        body = _body(LoadBody, data)
+        session_id, model_seq_id = body.session_id, body.model_seq_id
+        if session_id is None or model_seq_id is None:
+            raise APIError(400, "model_seq_id: needed with session_id", "model_seq_id")
+        tinker.session(tenant, session_id)
 
-        def load():
+        async def create_from_state():
             _, _, _, folder = tinker.resolve(tenant, body.path, "weights")
-            model.load_state(folder, optimizer=body.optimizer)
+            settings = tinker.settings_of(folder)
+            if body.base_model is not None:
+                tinker.check_base(body.base_model)
+            model = await tinker.create_model(tenant, session_id, model_seq_id, settings)
+            await tinker.run(lambda: model.load_state(folder, optimizer=body.optimizer))
             return {"type": "load_weights", "path": body.path, "model_id": model.model_id}
 
-        return ordered(model, body.seq_id, raw, load)
+        return future(None, create_from_state)
 
     @router.get("/training_runs/{model_id}/checkpoints")
     async def list_checkpoints(model_id: str):

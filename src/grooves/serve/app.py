@@ -27,7 +27,8 @@ never a 500 with a traceback; a request field the server does not implement is r
 way rather than ignored (`serve.compat`), and unknown routes and methods answer in the same shape.
 Limits (see docs/serving.md): the request body (`max_body_bytes`, 413), the largest `n`, and the
 tokens one request may ask the sampler for (`n x max_tokens` at most `max_request_tokens`). The
-endpoints are in `serve.chat`, streaming in `serve.streaming`, the request and response shapes in
+endpoints are in `serve.chat`, `serve.responses` and `serve.generate`, the request pipeline they
+share in `serve.pipeline`, streaming in `serve.streaming`, the request and response shapes in
 `serve.schemas`.
 """
 

@@ -48,7 +48,7 @@ from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
 from grooves.serve.generate import generate_router
 from grooves.serve.keys import ApiKeys, KeyCheck
-from grooves.serve.responses import responses_router
+from grooves.serve.responses.routes import responses_router
 from grooves.serve.routing import ModelRoutes
 
 MAX_BODY_BYTES = 8 * 2**20

@@ -1,11 +1,11 @@
 """`POST /v1/responses`: OpenAI's Responses API over the request pipeline the chat route uses.
 
-A request is checked against its compatibility table (`serve.responses_fields`), read as a chat
-request (`serve.responses_input`), prepared by the pipeline's `prepare` as a chat request is
+A request is checked against its compatibility table (`serve.responses.fields`), read as a chat
+request (`serve.responses.input`), prepared by the pipeline's `prepare` as a chat request is
 (`serve.pipeline`: rendering with token continuity, tool checks, the `text.format` /
 `tool_choice` grammars) and sampled through the app's `BatchScheduler` with the adapter its
 `model` names; it is answered as a `response` object or streamed as Responses events
-(`serve.responses_stream`). One request is one sample.
+(`serve.responses.stream`). One request is one sample.
 
 The output is a `message` item with one `output_text` part (when the sample holds text) and a
 `function_call` item per call, in that order. The response also carries grooves' token record at
@@ -34,11 +34,11 @@ from grooves.serve import compat
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.pipeline import prepare, read_request, require_served, sample_unless_gone
-from grooves.serve.responses_fields import INCLUDABLE, RESPONSES_FIELDS
-from grooves.serve.responses_input import as_chat_request, renamed
-from grooves.serve.responses_request import ResponsesRequest
-from grooves.serve.responses_stream import stream_response
-from grooves.serve.responses_turn import ResponseStore, Turn
+from grooves.serve.responses.fields import INCLUDABLE, RESPONSES_FIELDS
+from grooves.serve.responses.input import as_chat_request, renamed
+from grooves.serve.responses.request import ResponsesRequest
+from grooves.serve.responses.stream import stream_response
+from grooves.serve.responses.turn import ResponseStore, Turn
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import log_answer
 

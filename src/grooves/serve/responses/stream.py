@@ -32,7 +32,7 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import SamplingParams
 from grooves.serve.errors import APIError, error_body, sampling_error
-from grooves.serve.responses_turn import Turn, ends_in_cut_call, function_call_item
+from grooves.serve.responses.turn import Turn, ends_in_cut_call, function_call_item
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import log_answer
 from grooves.serve.streaming import ChoiceStream, FirstChunkResponse, forward_events, sampling_ended, sse

@@ -13,6 +13,9 @@ stays light):
   when the run file has one); `ScenarioStream` (a split's scenarios in the trainer's resumable
   order) and `TrainableModel` for your own loop against `grooves serve --train`; `write_report`
   (a run folder's HTML report); `ensure_model` (SmolLM2-135M, offline);
+- what `train` raises: `ConfigError` (a run file that cannot be used), `RunFolderError` (a run
+  folder in use or holding another run), `CheckpointError` (a checkpoint that cannot be used) and,
+  on Ctrl-C, `RunInterrupted` (a `KeyboardInterrupt` that says where the run stopped);
 - environments: `get_env` (a built-in by name), and the SQLite runtime's parts for your own:
   `EnvSpec`, `SqliteEnvironment`, `Tool`.
 
@@ -42,43 +45,24 @@ _EXPORTS = {
     "SqliteEnvironment": "grooves.envs.sqlite",
     "Tool": "grooves.envs.tools",
     "RunConfig": "grooves.config",
+    "ConfigError": "grooves.config",
     "load_config": "grooves.config",
     "parse_overrides": "grooves.config",
     "dump_config": "grooves.config",
     "load_task": "grooves.tasks",
     "ScenarioStream": "grooves.training.data",
     "train": "grooves.training.loop",
+    "RunInterrupted": "grooves.training.loop",
+    "RunFolderError": "grooves.training.runlog",
+    "CheckpointError": "grooves.training.checkpoint",
     "write_report": "grooves.report.write",
     "ensure_model": "grooves.models",
     "TrainableModel": "grooves.remote.model",
 }
-"""Public name -> the module that defines it."""
+"""Public name -> the module that defines it: the one list of what `grooves` exports, which
+`__all__` and `__getattr__` (the import on first use) both read."""
 
-__all__ = [
-    "EnvSpec",
-    "Environment",
-    "EnvironmentTask",
-    "ModelHandle",
-    "RunConfig",
-    "SampledTurn",
-    "ScenarioStream",
-    "SqliteEnvironment",
-    "Task",
-    "Tool",
-    "TrainableModel",
-    "Trajectory",
-    "TrajectoryGroup",
-    "__version__",
-    "dump_config",
-    "ensure_model",
-    "gather",
-    "get_env",
-    "load_config",
-    "load_task",
-    "parse_overrides",
-    "train",
-    "write_report",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
@@ -94,8 +78,12 @@ def __dir__() -> list[str]:
     return __all__
 
 
+# what a type checker and an editor see of the names above: the same names from the same modules
+# (tests/test_public.py holds them to `_EXPORTS`); `__all__` is built from the table, so ruff
+# cannot tell that these imports are the exports
+# ruff: noqa: F401
 if TYPE_CHECKING:
-    from grooves.config import RunConfig, dump_config, load_config, parse_overrides
+    from grooves.config import ConfigError, RunConfig, dump_config, load_config, parse_overrides
     from grooves.core.trajectory import SampledTurn, Trajectory, TrajectoryGroup
     from grooves.envs.base import Environment
     from grooves.envs.registry import get_env
@@ -108,5 +96,7 @@ if TYPE_CHECKING:
     from grooves.rollouts.handle import ModelHandle
     from grooves.tasks import Task, load_task
     from grooves.tasks.environment import EnvironmentTask
+    from grooves.training.checkpoint import CheckpointError
     from grooves.training.data import ScenarioStream
-    from grooves.training.loop import train
+    from grooves.training.loop import RunInterrupted, train
+    from grooves.training.runlog import RunFolderError

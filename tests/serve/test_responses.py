@@ -27,8 +27,8 @@ from pydantic import BaseModel
 from grooves.policy.transformers import TransformersPolicy
 from grooves.scale.policy_server import ThreadedServer
 from grooves.serve.app import create_app
-from grooves.serve.responses_fields import RESPONSES_FIELDS
-from grooves.serve.responses_request import ResponsesRequest
+from grooves.serve.responses.fields import RESPONSES_FIELDS
+from grooves.serve.responses.request import ResponsesRequest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 WEATHER = {

@@ -27,7 +27,8 @@ never a 500 with a traceback; a request field the server does not implement is r
 way rather than ignored (`serve.compat`), and unknown routes and methods answer in the same shape.
 Limits (see docs/serving.md): the request body (`max_body_bytes`, 413), the largest `n`, and the
 tokens one request may ask the sampler for (`n x max_tokens` at most `max_request_tokens`). The
-endpoints are in `serve.chat`, streaming in `serve.streaming`, the request and response shapes in
+endpoints are in `serve.chat`, `serve.responses` and `serve.generate`, the request pipeline they
+share in `serve.pipeline`, streaming in `serve.streaming`, the request and response shapes in
 `serve.schemas`.
 """
 
@@ -47,7 +48,7 @@ from grooves.serve.chat import chat_router
 from grooves.serve.errors import APIError, error_body
 from grooves.serve.generate import generate_router
 from grooves.serve.keys import ApiKeys, KeyCheck
-from grooves.serve.responses import responses_router
+from grooves.serve.responses.routes import responses_router
 from grooves.serve.routing import ModelRoutes
 
 MAX_BODY_BYTES = 8 * 2**20

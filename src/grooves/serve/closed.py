@@ -1,7 +1,7 @@
 """Request objects closed at every depth: a key the server does not read is a 400 naming its path.
 
 The top-level fields of each API are checked against their tables (`serve.compat`,
-`serve.responses_fields`); the objects inside them (messages, their parts and tool calls, tools,
+`serve.responses.fields`); the objects inside them (messages, their parts and tool calls, tools,
 `tool_choice`, formats, Responses items) are `Closed` pydantic models, which refuse any key they
 do not declare (`extra="forbid"`), so a request is never answered as if a nested field it sent had
 been honoured. A key the server knows but does not implement is declared with `refused(note,

@@ -24,9 +24,10 @@ class FieldSupport:
     inert: tuple[Any, ...] = (None,)
     """Values of a refused field that ask for nothing and are accepted."""
 
-
-def _refused(note: str, *inert: Any) -> FieldSupport:
-    return FieldSupport("refused", note, (None, *inert))
+    @classmethod
+    def refused(cls, note: str, *inert: Any) -> FieldSupport:
+        """A refused field: `note` says why; null and `inert` ask for nothing and are accepted."""
+        return cls("refused", note, (None, *inert))
 
 
 REQUEST_FIELDS: dict[str, FieldSupport] = {
@@ -77,8 +78,8 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     ),
     "stream": FieldSupport("supported", "server-sent `chat.completion.chunk` events, then `[DONE]`"),
     "stream_options": FieldSupport("limited", "`include_usage` only, with `stream: true`"),
-    "store": _refused("nothing is stored; false is accepted", False),
-    "metadata": _refused("only meaningful with `store`"),
+    "store": FieldSupport.refused("nothing is stored; false is accepted", False),
+    "metadata": FieldSupport.refused("only meaningful with `store`"),
     "user": FieldSupport(
         "supported", "a string of at most 256 characters, recorded in the server's log line of the request"
     ),
@@ -92,20 +93,20 @@ REQUEST_FIELDS: dict[str, FieldSupport] = {
     "skip_special_tokens": FieldSupport(
         "limited", "vLLM's: true (the default); false keeps special tokens in the content, unstreamed only"
     ),
-    "safety_identifier": _refused("grooves keeps no per-user records"),
-    "prompt_cache_key": _refused("no prompt cache to route"),
-    "prompt_cache_retention": _refused("no prompt cache"),
-    "prompt_cache_options": _refused("no prompt cache"),
-    "moderation": _refused("no moderation"),
-    "service_tier": _refused('one tier; "auto" and "default" are accepted', "auto", "default"),
-    "modalities": _refused('text only; ["text"] is accepted', ["text"]),
-    "audio": _refused("text only"),
-    "prediction": _refused("no predicted outputs"),
-    "reasoning_effort": _refused("not a reasoning model"),
-    "verbosity": _refused("no verbosity control"),
-    "web_search_options": _refused("no web search"),
-    "functions": _refused("deprecated by OpenAI: use `tools`"),
-    "function_call": _refused("deprecated by OpenAI: use `tool_choice`"),
+    "safety_identifier": FieldSupport.refused("grooves keeps no per-user records"),
+    "prompt_cache_key": FieldSupport.refused("no prompt cache to route"),
+    "prompt_cache_retention": FieldSupport.refused("no prompt cache"),
+    "prompt_cache_options": FieldSupport.refused("no prompt cache"),
+    "moderation": FieldSupport.refused("no moderation"),
+    "service_tier": FieldSupport.refused('one tier; "auto" and "default" are accepted', "auto", "default"),
+    "modalities": FieldSupport.refused('text only; ["text"] is accepted', ["text"]),
+    "audio": FieldSupport.refused("text only"),
+    "prediction": FieldSupport.refused("no predicted outputs"),
+    "reasoning_effort": FieldSupport.refused("not a reasoning model"),
+    "verbosity": FieldSupport.refused("no verbosity control"),
+    "web_search_options": FieldSupport.refused("no web search"),
+    "functions": FieldSupport.refused("deprecated by OpenAI: use `tools`"),
+    "function_call": FieldSupport.refused("deprecated by OpenAI: use `tool_choice`"),
 }
 
 RESPONSE_FIELDS: dict[str, FieldSupport] = {

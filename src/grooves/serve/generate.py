@@ -46,9 +46,9 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.logits import LOGIT_BIAS_RANGE, PENALTY_RANGE
 from grooves.policy.sampling import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN, Completion, SamplingParams
-from grooves.serve.chat import _sample_unless_gone, read_request, require_served, vocab_size
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
+from grooves.serve.pipeline import read_request, require_served, sample_unless_gone, vocab_size
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import StrictFloat
 
@@ -146,7 +146,7 @@ def generate_router(
         try:
             with adapters.lease(model) as route:
                 version = adapters.version_of(route)
-                completions = await _sample_unless_gone(
+                completions = await sample_unless_gone(
                     scheduler, request, req.token_ids, params, route.adapter_id
                 )
         except UnknownModel as exc:

@@ -114,7 +114,7 @@ class FunctionDefinition(Closed):
     name: StrictStr
     description: StrictStr | None = None
     parameters: Any = None
-    """Checked as a JSON schema by the route (`serve.chat.validate_tools`)."""
+    """Checked as a JSON schema by the route (`serve.pipeline.validate_tools`)."""
     strict: StrictBool | None = None
 
 

@@ -186,7 +186,7 @@ def forward_events(loop, queue) -> Callable[[list[TokenEvent]], None]:
     return on_tokens
 
 
-def _ended(task: asyncio.Future, queue: asyncio.Queue) -> None:
+def sampling_ended(task: asyncio.Future, queue: asyncio.Queue) -> None:
     """The sampling ended: wake the stream, and read its outcome so that an error after the client
     left (the sampler closing under a Ctrl-C) is not printed as an exception nobody retrieved."""
     queue.put_nowait(None)
@@ -289,7 +289,7 @@ def stream_completion(
                 sampling = asyncio.ensure_future(
                     scheduler.submit(prompt_ids, params, adapter=route.adapter_id)
                 )
-                sampling.add_done_callback(lambda task: _ended(task, queue))
+                sampling.add_done_callback(lambda task: sampling_ended(task, queue))
                 step = await queue.get()  # the first chunk waits for the first token (`FirstChunkResponse`)
                 if step is None and sampling.exception() is not None:
                     raise sampling_error(sampling.exception())

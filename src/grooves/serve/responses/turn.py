@@ -18,7 +18,7 @@ from grooves.policy.base import Policy
 from grooves.policy.sampling import Completion
 from grooves.policy.tool_calls import ParsedOutput
 from grooves.serve.errors import APIError
-from grooves.serve.responses_fields import MAX_STORED_RESPONSES
+from grooves.serve.responses.fields import MAX_STORED_RESPONSES
 from grooves.serve.schemas import logprobs_block, token_record
 
 

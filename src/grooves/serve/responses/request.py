@@ -1,6 +1,6 @@
 """The Responses API request as the server checks it: `ResponsesRequest` and the objects inside it.
 
-Its top-level fields are checked against `responses_fields.RESPONSES_FIELDS` (a field outside the
+Its top-level fields are checked against `fields.RESPONSES_FIELDS` (a field outside the
 model arrives as an extra); the objects inside them are `serve.closed` models, which refuse a key
 they do not declare, naming its path (`tools[0].defer_loading`, `input[2].content[0].type`):
 
@@ -13,7 +13,7 @@ they do not declare, naming its path (`tools[0].defer_loading`, `input[2].conten
 - `tool_choice`: the strings, or `{"type": "function", "name": ...}`;
 - `text`: `format` (text, json_object, or json_schema with its name, schema and strict).
 
-The objects are kept as the dicts they came as; `serve.responses_input` turns them into chat.
+The objects are kept as the dicts they came as; `serve.responses.input` turns them into chat.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class TextConfig(Closed):
 
 
 class ResponsesRequest(BaseModel):
-    # fields outside this model arrive as extras, checked against `responses_fields.RESPONSES_FIELDS`;
+    # fields outside this model arrive as extras, checked against `fields.RESPONSES_FIELDS`;
     # the objects inside these fields are `serve.closed` models (checked, and kept as the dicts they came as)
     model_config = ConfigDict(extra="allow")
 

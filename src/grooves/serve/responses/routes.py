@@ -1,10 +1,11 @@
-"""`POST /v1/responses`: OpenAI's Responses API over the chat route's preparation and sampler.
+"""`POST /v1/responses`: OpenAI's Responses API over the request pipeline the chat route uses.
 
-A request is checked against its compatibility table (`serve.responses_fields`), read as a chat
-request (`serve.responses_input`), prepared by the chat route's own `prepare` (rendering with
-token continuity, tool checks, the `text.format` / `tool_choice` grammars) and sampled through
-the app's `BatchScheduler` with the adapter its `model` names; it is answered as a `response`
-object or streamed as Responses events (`serve.responses_stream`). One request is one sample.
+A request is checked against its compatibility table (`serve.responses.fields`), read as a chat
+request (`serve.responses.input`), prepared by the pipeline's `prepare` as a chat request is
+(`serve.pipeline`: rendering with token continuity, tool checks, the `text.format` /
+`tool_choice` grammars) and sampled through the app's `BatchScheduler` with the adapter its
+`model` names; it is answered as a `response` object or streamed as Responses events
+(`serve.responses.stream`). One request is one sample.
 
 The output is a `message` item with one `output_text` part (when the sample holds text) and a
 `function_call` item per call, in that order. The response also carries grooves' token record at
@@ -31,15 +32,15 @@ from pydantic import ValidationError
 from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.serve import compat
-from grooves.serve.chat import _sample_unless_gone, prepare, require_served
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
 from grooves.serve.keys import caller
-from grooves.serve.responses_fields import INCLUDABLE, RESPONSES_FIELDS
-from grooves.serve.responses_input import as_chat_request, renamed
-from grooves.serve.responses_request import ResponsesRequest
-from grooves.serve.responses_stream import stream_response
-from grooves.serve.responses_turn import ResponseStore, Turn
+from grooves.serve.pipeline import prepare, read_request, require_served, sample_unless_gone
+from grooves.serve.responses.fields import INCLUDABLE, RESPONSES_FIELDS
+from grooves.serve.responses.input import as_chat_request, renamed
+from grooves.serve.responses.request import ResponsesRequest
+from grooves.serve.responses.stream import stream_response
+from grooves.serve.responses.turn import ResponseStore, Turn
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import log_answer
 
@@ -87,7 +88,7 @@ def responses_router(
         try:
             with adapters.lease(req.model) as route:
                 version = adapters.version_of(route)
-                completions = await _sample_unless_gone(
+                completions = await sample_unless_gone(
                     scheduler, request, prompt_ids, params, route.adapter_id
                 )
         except UnknownModel as exc:
@@ -104,12 +105,10 @@ def responses_router(
 
 def read_responses_request(body: bytes) -> ResponsesRequest:
     """The request body as a `ResponsesRequest`; a 400 naming the field's path (`serve.closed.request_error`)."""
-    from grooves.serve.chat import read_request  # its JSON errors; the model is validated here
-
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
-        read_request(body)  # raises the chat route's 400 for a body that is not JSON
+        read_request(body)  # the chat route's 400 for a body that is not JSON (the model is read below)
         raise
     try:
         return ResponsesRequest.model_validate(data)

@@ -9,7 +9,7 @@ client's own types, and sends each refused field.
 
 from __future__ import annotations
 
-from grooves.serve.compat import FieldSupport, _refused
+from grooves.serve.compat import FieldSupport
 
 INCLUDABLE = ("message.output_text.logprobs",)
 """The `include` values the server can add to a response."""
@@ -76,20 +76,22 @@ RESPONSES_FIELDS: dict[str, FieldSupport] = {
         " (OpenAI's limits), else a 400 naming it",
     ),
     "user": FieldSupport("supported", "a string of at most 256 characters, recorded in the log line"),
-    "truncation": _refused('the context is never truncated; "disabled" is accepted', "disabled"),
-    "reasoning": _refused("not a reasoning model"),
-    "max_tool_calls": _refused("no hosted tools to bound"),
-    "background": _refused("answered in the request; false is accepted", False),
-    "conversation": _refused("no stored conversations: use `previous_response_id` or send the items"),
-    "prompt": _refused("no stored prompt templates"),
-    "context_management": _refused("no server-side compaction"),
-    "stream_options": _refused("no obfuscation padding; {} is accepted", {}),
-    "safety_identifier": _refused("grooves keeps no per-user records"),
-    "prompt_cache_key": _refused("no prompt cache to route"),
-    "prompt_cache_retention": _refused("no prompt cache"),
-    "prompt_cache_options": _refused("no prompt cache"),
-    "service_tier": _refused('one tier; "auto" and "default" are accepted', "auto", "default"),
-    "moderation": _refused("no moderation"),
-    "access_programs": _refused("no access programs"),
-    "image": _refused("text only"),
+    "truncation": FieldSupport.refused('the context is never truncated; "disabled" is accepted', "disabled"),
+    "reasoning": FieldSupport.refused("not a reasoning model"),
+    "max_tool_calls": FieldSupport.refused("no hosted tools to bound"),
+    "background": FieldSupport.refused("answered in the request; false is accepted", False),
+    "conversation": FieldSupport.refused(
+        "no stored conversations: use `previous_response_id` or send the items"
+    ),
+    "prompt": FieldSupport.refused("no stored prompt templates"),
+    "context_management": FieldSupport.refused("no server-side compaction"),
+    "stream_options": FieldSupport.refused("no obfuscation padding; {} is accepted", {}),
+    "safety_identifier": FieldSupport.refused("grooves keeps no per-user records"),
+    "prompt_cache_key": FieldSupport.refused("no prompt cache to route"),
+    "prompt_cache_retention": FieldSupport.refused("no prompt cache"),
+    "prompt_cache_options": FieldSupport.refused("no prompt cache"),
+    "service_tier": FieldSupport.refused('one tier; "auto" and "default" are accepted', "auto", "default"),
+    "moderation": FieldSupport.refused("no moderation"),
+    "access_programs": FieldSupport.refused("no access programs"),
+    "image": FieldSupport.refused("text only"),
 }

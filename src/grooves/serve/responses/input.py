@@ -3,8 +3,9 @@
 `POST /v1/responses` is not a second sampling path: its input items, instructions, function
 tools, `tool_choice` and `text.format` are turned into a `ChatRequest` (`as_chat_request`), which
 goes through the chat route's own preparation (rendering with token continuity, tool checks,
-grammars) and sampling. The request was checked by `serve.responses_request` (what cannot be
-turned into chat is a 400 naming the item or field there); here:
+grammars) and sampling, the request pipeline of `serve.pipeline`. The request was checked by
+`serve.responses.request` (what cannot be turned into chat is a 400 naming the item or field
+there); here:
 
 - `input` items: a `message` is a chat message (its text parts joined), a `function_call` is
   joined to the assistant message before it (so a turn the server sampled comes back as the one
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 
 from grooves.serve.closed import request_error
 from grooves.serve.errors import APIError
-from grooves.serve.responses_request import ResponsesRequest
+from grooves.serve.responses.request import ResponsesRequest
 from grooves.serve.schemas import ChatRequest
 
 

@@ -32,10 +32,10 @@ from grooves.policy.base import Policy
 from grooves.policy.batching import BatchScheduler
 from grooves.policy.sampling import SamplingParams
 from grooves.serve.errors import APIError, error_body, sampling_error
-from grooves.serve.responses_turn import Turn, ends_in_cut_call, function_call_item
+from grooves.serve.responses.turn import Turn, ends_in_cut_call, function_call_item
 from grooves.serve.routing import ModelRoutes, UnknownModel
 from grooves.serve.schemas import log_answer
-from grooves.serve.streaming import ChoiceStream, FirstChunkResponse, _ended, forward_events, sse
+from grooves.serve.streaming import ChoiceStream, FirstChunkResponse, forward_events, sampling_ended, sse
 
 
 def event(kind: str, payload: dict[str, Any]) -> bytes:
@@ -186,7 +186,7 @@ def stream_response(
                 sampling = asyncio.ensure_future(
                     scheduler.submit(turn.prompt_ids, params, adapter=route.adapter_id)
                 )
-                sampling.add_done_callback(lambda task: _ended(task, queue))
+                sampling.add_done_callback(lambda task: sampling_ended(task, queue))
                 step = await queue.get()  # the status line waits for the first token
                 if step is None and sampling.exception() is not None:
                     raise sampling_error(sampling.exception())

@@ -19,6 +19,7 @@ from grooves.tasks.toy import ToyTokensTask
 from grooves.training.data import ScenarioStream
 from grooves.training.loop import train
 from grooves.watch.finding import read_findings
+from run_rows import assert_same_rows
 
 
 def _config(model_dir, out, **over):
@@ -101,11 +102,8 @@ def test_resume_gives_the_same_next_steps(peaked_model_dir, tmp_path):
     assert len([r for r in _rows(part_dir) if "loss" in r]) == 2
     resumed = _rows(train(_config(peaked_model_dir, part_dir, **over), resume=True))
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
-    for a, b in zip(full, resumed, strict=True):
-        a, b = _comparable(a), _comparable(b)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    assert [_comparable(a).keys() for a in full] == [_comparable(b).keys() for b in resumed]
+    assert_same_rows(full, resumed)
 
 
 def test_two_runs_of_one_seed_with_the_default_fast_paths_are_identical(peaked_model_dir, tmp_path):
@@ -165,10 +163,8 @@ def test_a_resumed_run_keeps_the_watchs_history(peaked_model_dir, tmp_path):
     assert any(
         "watch/length_drift/ratio" in r for r in full[3:]
     )  # history-dependent statistics after the cut
-    for a, b in zip(full, resumed, strict=True):
-        assert a.keys() == b.keys(), a["step"]
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    assert [a.keys() for a in full] == [b.keys() for b in resumed]
+    assert_same_rows(full, resumed)
     full_findings = [(f.step, f.detector) for f in read_findings(full_dir / "findings.jsonl")]
     assert full_findings, "the loose thresholds above must make the watch fire"
     assert [(f.step, f.detector) for f in read_findings(part_dir / "findings.jsonl")] == full_findings
@@ -759,10 +755,7 @@ def test_resume_falls_back_from_a_damaged_checkpoint(peaked_model_dir, tmp_path,
         f"the manifest says {size}); falling back to step_000001"
     ]
     assert [r["step"] for r in resumed] == [r["step"] for r in full] == [0, 1, 2, 3]
-    for a, b in zip(full, resumed, strict=True):  # step 2 was trained again, from step 1's checkpoint
-        a, b = _comparable(a), _comparable(b)
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    assert_same_rows(full, resumed)  # step 2 was trained again, from step 1's checkpoint
 
 
 def test_resume_falls_back_from_damage_the_manifest_leaves_out_or_a_load_finds(

@@ -34,7 +34,7 @@ from pydantic import (
 
 from grooves.policy.sampling import MAX_TOP_LOGPROBS
 from grooves.serve.closed import Closed, one_of, refusal, refused, shaped
-from grooves.serve.schemas import MAX_USER_CHARS
+from grooves.serve.schemas import MAX_USER_CHARS, JSONSchemaSpec
 
 StrictFloat = Annotated[float, Field(strict=True)]
 
@@ -170,14 +170,10 @@ class JSONObjectFormat(Closed):
     type: Literal["json_object"]
 
 
-class JSONSchemaFormat(Closed):
+class JSONSchemaFormat(JSONSchemaSpec):
+    """Chat Completions' `json_schema` object with its `type` beside its fields (Responses' shape)."""
+
     type: Literal["json_schema"]
-    name: StrictStr | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: StrictBool | None = None
-    description: StrictStr | None = None
-    """Accepted as the schema's documentation (LangChain's structured output sends a schema's
-    docstring here) and not shown to the model: the schema itself is enforced, by a grammar."""
 
 
 class TextConfig(Closed):

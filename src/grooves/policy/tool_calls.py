@@ -250,8 +250,14 @@ def tagged_block_end(
 def _closed_outside_strings(text: str, i: int) -> bool:
     """Whether a `</tool_call>` follows `i` outside the JSON strings that open after it. Then no text
     appended can make a JSON value of what starts at `i`, if it is none now: `<` is JSON only in a string."""
+    return any(ch == "<" and text.startswith(CLOSE_TAG, k) for k, ch in _outside_strings(text, i))
+
+
+def _outside_strings(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of each character of `text` from `start` that lies outside JSON strings
+    (their quotes included in the strings)."""
     in_string = escaped = False
-    for k in range(i, len(text)):
+    for k in range(start, len(text)):
         ch = text[k]
         if in_string:
             if escaped:
@@ -262,9 +268,8 @@ def _closed_outside_strings(text: str, i: int) -> bool:
                 in_string = False
         elif ch == '"':
             in_string = True
-        elif ch == "<" and text.startswith(CLOSE_TAG, k):
-            return True
-    return False
+        else:
+            yield k, ch
 
 
 def _tagged_blocks(text: str, *, cut: bool = False) -> Iterator[tuple[int, int, int]]:
@@ -493,19 +498,9 @@ def _read_calls(parts: list[str], names: set[str]) -> tuple[list[dict[str, Any]]
 
 def _split_top_level(text: str, sep: str) -> list[str]:
     """`text` split at `sep` outside JSON strings, objects and lists."""
-    parts, depth, start, in_string, escaped = [], 0, 0, False, False
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            continue
-        if ch == '"':
-            in_string = True
-        elif ch in "{[":
+    parts, depth, start = [], 0, 0
+    for i, ch in _outside_strings(text):
+        if ch in "{[":
             depth += 1
         elif ch in "}]":
             depth -= 1
